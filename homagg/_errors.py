@@ -1,0 +1,64 @@
+"""The homagg exception tree.
+
+Every error homagg raises derives from :class:`HomAggError`, so callers can catch one type::
+
+    HomAggError
+    ├── ConfigError            invalid options, scheme names, world sizes, link parameters
+    ├── InputError             a tensor homagg cannot aggregate
+    │   ├── NonFiniteError     NaN or Inf in an input (raised before anything is sent)
+    │   └── IntegerOverflowError  an integer SUM whose exact result does not fit the dtype
+    ├── ProtocolError          workers disagree, or a combined stream is malformed
+    ├── WireFormatError        a datagram does not parse as a homagg packet
+    └── TransportError         the switch could not be reached or did not answer
+        └── SwitchTimeoutError  a bounded wait ran out (names job, slot/offset, missing workers)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "HomAggError",
+    "ConfigError",
+    "InputError",
+    "NonFiniteError",
+    "IntegerOverflowError",
+    "ProtocolError",
+    "WireFormatError",
+    "TransportError",
+    "SwitchTimeoutError",
+]
+
+
+class HomAggError(Exception):
+    """Root of every error raised by homagg."""
+
+
+class ConfigError(HomAggError, ValueError):
+    """An option, scheme name or parameter is invalid."""
+
+
+class InputError(HomAggError, ValueError):
+    """An input tensor cannot be aggregated (dtype, shape mismatch, ...)."""
+
+
+class NonFiniteError(InputError):
+    """An input holds NaN or +-Inf; raised before any word is sent."""
+
+
+class IntegerOverflowError(InputError, OverflowError):
+    """The exact sum of integer inputs does not fit the input dtype."""
+
+
+class ProtocolError(HomAggError):
+    """Workers or streams are inconsistent (e.g. different shapes, short combined stream)."""
+
+
+class WireFormatError(HomAggError):
+    """Bytes that do not form a valid homagg packet."""
+
+
+class TransportError(HomAggError, ConnectionError):
+    """The switch could not be reached, or answered something unusable."""
+
+
+class SwitchTimeoutError(TransportError, TimeoutError):
+    """A bounded network wait ran out; the message names what was missing."""

@@ -1,0 +1,66 @@
+"""Validated codec options shared by every scheme (one object, checked once)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import ConfigError
+
+__all__ = ["CodecConfig", "SCHEMES"]
+
+SCHEMES = ("auto", "sketch", "compact", "dense")
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    """Options of the codec.  Every worker of a job must use equal options.
+
+    block_size       elements sharing one fixed-point exponent (the error bound is per block).
+    sketch_overhead  count-sketch cells per estimated distinct nonzero (peeling needs >= ~1.222).
+    sketch_cells     fixed cell count instead of the estimate (static sizing; tiny values force the
+                     2-core repair path, which stays exact).
+    hll_registers    HyperLogLog registers used to estimate the union's nonzeros (power of two).
+    bandwidth_gbps   link bandwidth assumed by ``auto``'s cost model.
+    rtt_us           round-trip time assumed by ``auto``'s cost model.
+    seed             hash seed (cells, signs, HyperLogLog).
+    """
+
+    block_size: int = 1024
+    sketch_overhead: float = 1.3
+    sketch_cells: int | None = None
+    hll_registers: int = 1024
+    bandwidth_gbps: float = 10.0
+    rtt_us: float = 100.0
+    seed: int = 0x5EED
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ConfigError(f"block_size must be a positive int, got {self.block_size!r}")
+        if not self.sketch_overhead >= 1.0:
+            raise ConfigError(f"sketch_overhead must be >= 1.0, got {self.sketch_overhead!r}")
+        if self.sketch_cells is not None and (not isinstance(self.sketch_cells, int) or self.sketch_cells < 3):
+            raise ConfigError(f"sketch_cells must be an int >= 3, got {self.sketch_cells!r}")
+        r = self.hll_registers
+        if not isinstance(r, int) or r < 16 or r > 65536 or r & (r - 1):
+            raise ConfigError(f"hll_registers must be a power of two in [16, 65536], got {r!r}")
+        if not self.bandwidth_gbps > 0 or not self.rtt_us >= 0:
+            raise ConfigError(f"need bandwidth_gbps > 0 and rtt_us >= 0, got {self.bandwidth_gbps}, {self.rtt_us}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:
+            raise ConfigError(f"seed must be an int in [0, 2**31), got {self.seed!r}")
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> CodecConfig:
+        """Build from keyword options; unknown names raise :class:`ConfigError`."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(f"unknown codec option(s) {unknown}; known: {sorted(known)}")
+        return cls(**options)
+
+
+def check_scheme(scheme: str) -> str:
+    if scheme not in SCHEMES:
+        raise ConfigError(f"unknown scheme {scheme!r}; choose one of {SCHEMES}")
+    return scheme

@@ -1,0 +1,145 @@
+"""Fixed point: floats -> int32 with a shared exponent per block, integers -> exact 16-bit limbs.
+
+Floats.  Elements are grouped in blocks of ``block_size``.  Each worker sends, per block, the
+frexp exponent ``e`` of its largest magnitude (``max|x| < 2**e``); a MAX-combine gives the block's
+agreed exponent ``E``.  With ``h = ceil(log2(W))`` headroom bits the precision is ``P = 31 - h`` and
+every worker sends ``q = clamp(round(x * 2**(P - E)), +-(2**P - 1))``, so ``|sum of q| <= W *
+(2**P - 1) < 2**31``: the sum over all workers never overflows int32.  The result is
+``(sum of q) * 2**(E - P)`` rounded once to the input dtype.
+
+Error bound (per element, ``M`` = max|x| over the block and all workers, so ``M >= 2**(E-1)``):
+each worker's rounding/clamping error is at most one grid unit ``2**(E-P) <= 2M * 2**-P``, and the
+final conversion adds at most half an ulp of the output.  For float32 output and ``W <= 128``
+(``P >= 24``)::
+
+    |result - exact sum| <= W * 2M * 2**-P + 2**-24 * W * M <= W * 2**-22 * M
+
+For larger W the first term grows as ``W * 2**(h-30) * M``.  float64 results carry only the
+quantisation term; float16/bfloat16 results add their own final rounding.  Values already on the
+grid (multiples of ``2**(E-P)``, e.g. small integers) are summed exactly, and the integer sums are
+identical for every scheme, so every scheme returns bit-identical results.
+
+Integers.  int64 values are split into four 16-bit limbs (two for narrower types), the top one
+signed; limb sums cannot overflow for ``W < 2**15``; carries are propagated after the combine and an
+exact result outside the dtype's range raises :class:`IntegerOverflowError`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._errors import InputError, IntegerOverflowError, NonFiniteError
+
+__all__ = [
+    "EMPTY_EXPONENT",
+    "precision_bits",
+    "is_float_dtype",
+    "limb_count",
+    "check_finite",
+    "block_exponents",
+    "quantize",
+    "dequantize",
+    "to_limbs",
+    "from_limbs",
+]
+
+EMPTY_EXPONENT = -(2**31)  # exponent of a block with no nonzero (identity of MAX)
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+def precision_bits(world_size: int) -> int:
+    """P = 31 - ceil(log2(world_size)): fraction bits each worker may use without overflow."""
+    return 31 - (world_size - 1).bit_length()
+
+
+def is_float_dtype(dtype: torch.dtype) -> bool:
+    if dtype in _FLOATS:
+        return True
+    if dtype in _INTS:
+        return False
+    raise InputError(f"homagg aggregates float16/bfloat16/float32/float64 and integer tensors, not {dtype}")
+
+
+def limb_count(dtype: torch.dtype) -> int:
+    """Words per element: 1 for floats, 4 for int64, 2 for narrower integers."""
+    if is_float_dtype(dtype):
+        return 1
+    return 4 if dtype == torch.int64 else 2
+
+
+def check_finite(values: torch.Tensor) -> None:
+    """Raise NonFiniteError if any value is NaN or +-Inf (one host sync)."""
+    if values.numel() and not bool(torch.isfinite(values).all()):
+        bad = values[~torch.isfinite(values)]
+        raise NonFiniteError(f"input holds {bad.numel()} non-finite value(s) (e.g. {bad[0].item()}); nothing was sent")
+
+
+def _pow2(shift: torch.Tensor) -> torch.Tensor:
+    """Exact float64 2**shift for int64 shift in [-1022, 1023], built from the exponent bits."""
+    return ((shift + 1023) << 52).view(torch.float64)
+
+
+def _scale(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """x * 2**shift in float64, exact while the result is a normal number (two power-of-two steps)."""
+    first = shift.clamp(-1000, 1000)
+    return x * _pow2(first) * _pow2((shift - first).clamp(-1000, 1000))
+
+
+def block_exponents(idx: torch.Tensor, values: torch.Tensor, numel: int, block_size: int) -> torch.Tensor:
+    """Per block, the frexp exponent of the largest |value| (EMPTY_EXPONENT where no value).
+
+    ``idx`` are the flat positions of ``values`` (float64, nonzero, finite).
+    """
+    blocks = -(-numel // block_size)
+    out = torch.full((blocks,), EMPTY_EXPONENT, dtype=torch.int32, device=values.device)
+    if values.numel():
+        exps = torch.frexp(values).exponent.to(torch.int32)
+        out.scatter_reduce_(0, idx // block_size, exps, reduce="amax")
+    return out
+
+
+def quantize(idx: torch.Tensor, values: torch.Tensor, exponents: torch.Tensor, block_size: int, world_size: int) -> torch.Tensor:
+    """int32 grid values of ``values`` (float64) at flat positions ``idx`` under agreed exponents."""
+    p = precision_bits(world_size)
+    shift = p - exponents[idx // block_size].to(torch.int64)
+    limit = float(2**p - 1)
+    q = torch.round(_scale(values, shift)).clamp_(-limit, limit)
+    return q.to(torch.int32)
+
+
+def dequantize(idx: torch.Tensor, sums: torch.Tensor, exponents: torch.Tensor, block_size: int, world_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """Combined int32 grid sums at positions ``idx`` -> values of ``dtype`` (one final rounding)."""
+    p = precision_bits(world_size)
+    e = exponents[idx // block_size].to(torch.int64)
+    # A block whose exponent is EMPTY can only hold zero sums; keep its shift in range.
+    shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - p)
+    return _scale(sums.to(torch.float64), shift).to(dtype)
+
+
+def to_limbs(values: torch.Tensor, limbs: int) -> torch.Tensor:
+    """(n,) integers -> (n, limbs) int32: 16-bit unsigned limbs, the top one signed."""
+    v = values.to(torch.int64)
+    parts = [(v >> (16 * k)) & 0xFFFF for k in range(limbs - 1)]
+    parts.append(v >> (16 * (limbs - 1)))
+    return torch.stack(parts, dim=1).to(torch.int32)
+
+
+def from_limbs(sums: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(n, limbs) exact limb sums -> (n,) values of ``dtype``; IntegerOverflowError if out of range."""
+    limbs = sums.shape[1]
+    s = sums.to(torch.int64)
+    carry = torch.zeros_like(s[:, 0])
+    total = torch.zeros_like(carry)
+    for k in range(limbs - 1):
+        t = s[:, k] + carry
+        total |= (t & 0xFFFF) << (16 * k)
+        carry = t >> 16
+    top = s[:, limbs - 1] + carry
+    if bool(((top < -(2**15)) | (top >= 2**15)).any()):
+        raise IntegerOverflowError(f"the exact integer sum does not fit {dtype}")
+    total += top << (16 * (limbs - 1))
+    info = torch.iinfo(dtype)
+    if dtype != torch.int64 and bool(((total < info.min) | (total > info.max)).any()):
+        raise IntegerOverflowError(f"the exact integer sum does not fit {dtype} [{info.min}, {info.max}]")
+    return total.to(dtype)

@@ -1,0 +1,41 @@
+"""Run a worker protocol against a switch port: the one entry point every front end uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._config import CodecConfig
+from ._schemes import protocol
+from ._stats import WorkerStats
+from ._switch import SwitchPort
+
+__all__ = ["allreduce"]
+
+
+def allreduce(
+    tensor: torch.Tensor,
+    port: SwitchPort,
+    *,
+    scheme: str = "auto",
+    stats: WorkerStats | None = None,
+    config: CodecConfig | None = None,
+    **options: Any,
+) -> torch.Tensor:
+    """Exact homomorphic SUM of ``tensor`` over the workers behind ``port``.
+
+    Returns a new tensor of the same shape, dtype and device.  Floats are summed on the agreed
+    fixed-point grid (error bound in :mod:`homagg._fixedpoint`); integers exactly.  Every scheme
+    gives bit-identical results.  ``options`` are :class:`CodecConfig` fields (or pass ``config``).
+    Raises :class:`NonFiniteError` before sending anything if the input holds NaN/Inf.
+    """
+    cfg = config if config is not None else CodecConfig.from_options(options)
+    gen = protocol(tensor, port.world_size, scheme, cfg, stats if stats is not None else WorkerStats())
+    try:
+        streams = next(gen)
+        while True:
+            streams = gen.send(port.combine(streams))
+    except StopIteration as done:
+        flat: torch.Tensor = done.value
+    return flat.reshape(tensor.shape)

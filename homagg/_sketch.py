@@ -1,0 +1,92 @@
+"""Count sketch with k = 3 partitioned signed hashes, decoded exactly by parallel peeling in Z/2**32.
+
+Layout: ``cells`` is a multiple of 3; hash j of element i picks a cell in the j-th third, so the
+three cells of an element are always distinct.  Element i adds ``sign_j(i) * v_i`` (mod 2**32) to
+each of its cells; a cell holds L words (L limbs per element).  Summing sketches cell-wise (ADD)
+gives the sketch of the summed values: the sketch is homomorphic.
+
+Decoding knows the union of nonzero positions (aggregated bitmap), hence each cell's count.  A
+cell with count 1 reveals its element; its value is removed from its other cells; repeat.  Which
+elements peel depends on the positions only, never on values, so every worker finds the same
+unpeelable set (the hypergraph's 2-core); :func:`peel` returns it and the caller repairs those
+elements exactly with an extra ADD round.  All cell arithmetic wraps modulo 2**32; only each
+element's final sum needs to fit int32, so the decode is exact:
+``peel(sum of sketches)[i] == sum of values[i]`` for every peeled i.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._hashing import mix32
+from ._switch import wrap_int32
+
+__all__ = ["sketch_cells", "cell_indices", "encode", "peel"]
+
+K = 3
+_M32 = 0xFFFFFFFF
+
+
+def sketch_cells(estimated_union: float, overhead: float) -> int:
+    """Cells for an estimated number of distinct nonzeros: a multiple of 3, at least 3."""
+    per_third = max(1, -(-int(estimated_union * overhead + 0.999999) // K))
+    return per_third * K
+
+
+def cell_indices(idx: torch.Tensor, cells: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, 3) distinct cell indices and (n, 3) signs in {-1, +1} (int64) of positions ``idx``."""
+    third = cells // K
+    cols = []
+    for j in range(K):
+        cols.append(mix32(idx, seed + 7919 * (j + 1)) % third + j * third)
+    sign_bits = mix32(idx, seed + 104729)
+    signs = [1 - 2 * ((sign_bits >> j) & 1) for j in range(K)]
+    return torch.stack(cols, dim=1), torch.stack(signs, dim=1)
+
+
+def encode(idx: torch.Tensor, values: torch.Tensor, cells: int, seed: int) -> torch.Tensor:
+    """Sketch words (cells * L, int32) of int32 ``values`` (n, L) at positions ``idx``."""
+    limbs = values.shape[1]
+    acc = torch.zeros((cells, limbs), dtype=torch.int64, device=values.device)
+    if idx.numel():
+        where, signs = cell_indices(idx, cells, seed)
+        contrib = values.to(torch.int64).unsqueeze(1) * signs.unsqueeze(2)  # (n, 3, L), |.| < 2**31
+        acc.index_add_(0, where.reshape(-1), contrib.reshape(-1, limbs))
+    return wrap_int32(acc).reshape(-1)
+
+
+def peel(union_idx: torch.Tensor, sketch_words: torch.Tensor, limbs: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Peel the combined sketch.
+
+    Returns ``(values, core)``: int32 (U, L) sums for the union positions (zero rows where not
+    peeled) and the int64 indices into ``union_idx`` of the unpeelable 2-core, in ascending order.
+    """
+    device = sketch_words.device
+    cells = sketch_words.numel() // limbs
+    u = union_idx.numel()
+    values = torch.zeros((u, limbs), dtype=torch.int64, device=device)
+    if u == 0:
+        return values.to(torch.int32), torch.zeros(0, dtype=torch.int64, device=device)
+    where, signs = cell_indices(union_idx, cells, seed)
+    counts = torch.bincount(where.reshape(-1), minlength=cells)
+    table = sketch_words.reshape(cells, limbs).to(torch.int64) & _M32
+    remaining = torch.arange(u, device=device)
+    while remaining.numel():
+        w = where[remaining]
+        pure = counts[w] == 1
+        peelable = pure.any(dim=1)
+        if not bool(peelable.any()):
+            break
+        done = remaining[peelable]
+        first = pure[peelable].to(torch.int8).argmax(dim=1, keepdim=True)
+        cell = w[peelable].gather(1, first).squeeze(1)
+        sign = signs[done].gather(1, first)  # (p, 1)
+        v = (table[cell] * sign) & _M32  # (p, L) value mod 2**32
+        values[done] = v
+        done_cells = where[done].reshape(-1)
+        delta = (v.unsqueeze(1) * signs[done].unsqueeze(2)).reshape(-1, limbs)
+        table.index_add_(0, done_cells, -delta)
+        table &= _M32
+        counts.index_add_(0, done_cells, torch.full_like(done_cells, -1))
+        remaining = remaining[~peelable]
+    return wrap_int32(values), remaining

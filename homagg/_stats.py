@@ -1,0 +1,30 @@
+"""Per-worker statistics of one or more allreduces."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+__all__ = ["WorkerStats"]
+
+
+@dataclass
+class WorkerStats:
+    """What one worker sent.  Accumulates over calls when the same object is reused.
+
+    bytes_per_stream  payload bytes sent per stream name ("exponents", "bitmap", "values", ...)
+    rounds            combine rounds (each costs one round trip through the switch)
+    repaired          elements recovered by the 2-core repair round (sketch)
+    schemes           how many tensors each concrete scheme carried (auto resolves to one)
+    sketch_cells      cells of the last sketch sent (0 if none)
+    """
+
+    bytes_per_stream: Counter[str] = field(default_factory=Counter)
+    rounds: int = 0
+    repaired: int = 0
+    schemes: Counter[str] = field(default_factory=Counter)
+    sketch_cells: int = 0
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(self.bytes_per_stream.values())

@@ -1,0 +1,153 @@
+"""Aggregation job descriptions shared by the emulator, the worker transport and the P4 controller.
+
+A *job* is a set of ``world_size`` workers that aggregate together through one switch.  The
+switch's control plane admits it with a :class:`JobSpec`: a 16-bit ``job_id``, a range of slots
+``[slot_base, slot_base + n_slots)`` of the switch's pool that this job alone uses, the payload
+words per packet ``words_per_packet`` (K), and the workers' source addresses (``worker_id`` ->
+IPv4, UDP port).  Addresses may be unknown at admission (UDP ports are picked by the OS); each
+worker then *registers* its address before it sends (see :mod:`homagg.transport.control`).
+
+Invariants checked by :meth:`JobSpec.validate`: ``1 <= world_size <= MAX_WORKERS``; every worker id
+``< world_size`` appears at most once; ``0 <= slot_base`` and ``slot_base + n_slots <= MAX_SLOTS``;
+``1 <= words_per_packet <= MAX_WORDS_JUMBO``; ``0 <= job_id < 2**16``.
+
+Files: :func:`load_jobs` reads JSON (``{"jobs": [...]}`` or a list) or TOML (``[[jobs]]`` tables)::
+
+    [[jobs]]
+    job_id = 1
+    world_size = 2
+    slot_base = 0
+    n_slots = 64
+    words_per_packet = 32
+    workers = [{worker_id = 0, ip = "10.0.0.1", port = 18497}, {worker_id = 1, ip = "10.0.0.2", port = 18497}]
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ._errors import ConfigError
+from .wire import MAX_SLOTS, MAX_WORDS_JUMBO, MAX_WORKERS, P4_WORDS
+
+__all__ = ["WorkerAddr", "JobSpec", "load_jobs", "dump_jobs"]
+
+
+@dataclass(frozen=True)
+class WorkerAddr:
+    """Where worker ``worker_id`` of a job sends from (and receives results)."""
+
+    worker_id: int
+    ip: str
+    port: int
+
+    @property
+    def addr(self) -> tuple[str, int]:
+        return (self.ip, self.port)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One admitted (or to-be-admitted) aggregation job; see the module docstring for invariants."""
+
+    job_id: int
+    world_size: int
+    slot_base: int = 0
+    n_slots: int = 64
+    words_per_packet: int = P4_WORDS
+    workers: tuple[WorkerAddr, ...] = field(default_factory=tuple)
+    #: the switch forgets the job after this many seconds without a packet (None: never)
+    idle_timeout_s: float | None = None
+
+    def validate(self) -> JobSpec:
+        """Return ``self`` if consistent, else raise :class:`~homagg.ConfigError`."""
+        if not 0 <= self.job_id < 1 << 16:
+            raise ConfigError(f"job_id {self.job_id} outside [0, 65535]")
+        if not 1 <= self.world_size <= MAX_WORKERS:
+            raise ConfigError(f"job {self.job_id}: world_size {self.world_size} outside [1, {MAX_WORKERS}]")
+        if self.n_slots < 1 or self.slot_base < 0 or self.slot_base + self.n_slots > MAX_SLOTS:
+            raise ConfigError(f"job {self.job_id}: slots [{self.slot_base}, +{self.n_slots}) outside the 15-bit pool")
+        if not 1 <= self.words_per_packet <= MAX_WORDS_JUMBO:
+            raise ConfigError(f"job {self.job_id}: words_per_packet {self.words_per_packet} outside [1, {MAX_WORDS_JUMBO}]")
+        ids = [w.worker_id for w in self.workers]
+        if len(set(ids)) != len(ids) or any(not 0 <= i < self.world_size for i in ids):
+            raise ConfigError(f"job {self.job_id}: bad worker ids {ids} for world_size {self.world_size}")
+        if self.idle_timeout_s is not None and self.idle_timeout_s <= 0:
+            raise ConfigError(f"job {self.job_id}: idle_timeout_s must be > 0")
+        return self
+
+    @property
+    def slots(self) -> range:
+        return range(self.slot_base, self.slot_base + self.n_slots)
+
+    def with_worker(self, worker: WorkerAddr) -> JobSpec:
+        """A copy with ``worker`` added or replacing the same worker id."""
+        others = tuple(w for w in self.workers if w.worker_id != worker.worker_id)
+        return replace(self, workers=tuple(sorted(others + (worker,), key=lambda w: w.worker_id))).validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["workers"] = [asdict(w) for w in self.workers]
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobSpec:
+        known = {"job_id", "world_size", "slot_base", "n_slots", "words_per_packet", "workers", "idle_timeout_s"}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown job fields {sorted(unknown)}")
+        try:
+            workers = tuple(
+                WorkerAddr(int(w["worker_id"]), str(w["ip"]), int(w["port"])) for w in d.get("workers") or ()
+            )
+            spec = cls(
+                job_id=int(d["job_id"]),
+                world_size=int(d["world_size"]),
+                slot_base=int(d.get("slot_base", 0)),
+                n_slots=int(d.get("n_slots", 64)),
+                words_per_packet=int(d.get("words_per_packet", P4_WORDS)),
+                workers=workers,
+                idle_timeout_s=None if d.get("idle_timeout_s") is None else float(d["idle_timeout_s"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"bad job description {d!r}: {exc}") from exc
+        return spec.validate()
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        return cls.from_dict(json.loads(text))
+
+
+def load_jobs(path: str | Path) -> list[JobSpec]:
+    """Jobs from a ``.json`` or ``.toml`` file; slot ranges and job ids must not overlap."""
+    p = Path(path)
+    try:
+        if p.suffix == ".toml":
+            data: Any = tomllib.loads(p.read_text())
+        else:
+            data = json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read jobs from {p}: {exc}") from exc
+    items = data.get("jobs", []) if isinstance(data, dict) else data
+    jobs = [JobSpec.from_dict(d) for d in items]
+    seen_ids: set[int] = set()
+    used: set[int] = set()
+    for j in jobs:
+        if j.job_id in seen_ids:
+            raise ConfigError(f"job_id {j.job_id} appears twice in {p}")
+        if used & set(j.slots):
+            raise ConfigError(f"job {j.job_id}: slots overlap another job in {p}")
+        seen_ids.add(j.job_id)
+        used |= set(j.slots)
+    return jobs
+
+
+def dump_jobs(jobs: list[JobSpec], path: str | Path) -> None:
+    """Write ``jobs`` as JSON (``{"jobs": [...]}``), readable by :func:`load_jobs`."""
+    Path(path).write_text(json.dumps({"jobs": [j.to_dict() for j in jobs]}, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,156 @@
+"""Options of the ``homagg`` process group: environment variables, ``pg_options``, validation.
+
+Precedence (highest first): keys of the ``pg_options`` dict given to ``init_process_group`` /
+``new_group``, then environment variables, then defaults.  Every value is validated once, when the
+group is created; an invalid value raises :class:`~homagg.ConfigError` naming the key and source.
+
+=================  ===========================  ==============================================
+``pg_options`` key  environment variable          meaning
+=================  ===========================  ==============================================
+``switch``          ``HOMAGG_SWITCH``             ``embedded`` (default: group rank 0 starts an
+                                                  emulator), ``host:port`` (external emulator or
+                                                  BMv2), or ``gloo`` (fallback: switch emulated
+                                                  with a private gloo group, no network element)
+``scheme``          ``HOMAGG_SCHEME``             ``auto`` (default), ``sketch``, ``compact``,
+                                                  ``dense``
+``timeout``         ``HOMAGG_TIMEOUT``            seconds one switch round may take before a
+                                                  typed :class:`~homagg.SwitchTimeoutError`
+                                                  (default: 30, never more than the group timeout)
+``emulator_host``   ``HOMAGG_EMULATOR_HOST``      address the embedded emulator binds to and
+                                                  publishes (default: the rendezvous host if it
+                                                  is local, else 127.0.0.1)
+``codec``           (none)                        dict of extra keyword options for
+                                                  :func:`homagg.allreduce`
+=================  ===========================  ==============================================
+
+Invariant: a :class:`BackendConfig` is immutable and always valid; every rank of a group must
+use the same ``switch`` and ``scheme`` (the group checks this through the store at creation).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .._errors import ConfigError
+
+__all__ = ["BackendConfig", "SCHEMES", "ENV_VARS", "parse_host_port"]
+
+SCHEMES: tuple[str, ...] = ("auto", "sketch", "compact", "dense")
+ENV_VARS: dict[str, str] = {
+    "switch": "HOMAGG_SWITCH",
+    "scheme": "HOMAGG_SCHEME",
+    "timeout": "HOMAGG_TIMEOUT",
+    "emulator_host": "HOMAGG_EMULATOR_HOST",
+}
+DEFAULT_TIMEOUT_S = 30.0
+
+
+def parse_host_port(text: str, *, source: str = "switch") -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` for IPv6) and validate the port range."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host or not port_text:
+        raise ConfigError(f"{source}: expected 'embedded', 'gloo' or 'host:port', got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"{source}: port {port_text!r} in {text!r} is not an integer") from None
+    if not 0 < port < 65536:
+        raise ConfigError(f"{source}: port {port} in {text!r} outside 1..65535")
+    return host, port
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Validated options of one homagg process group.
+
+    ``switch`` is ``"embedded"``, ``"gloo"`` or a normalised ``"host:port"``; ``timeout`` is the
+    bound in seconds on one switch round (finite, > 0); ``codec`` holds extra keyword options for
+    :func:`homagg.allreduce` (keys are identifiers).
+    """
+
+    switch: str = "embedded"
+    scheme: str = "auto"
+    timeout: float = DEFAULT_TIMEOUT_S
+    emulator_host: str | None = None
+    codec: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.switch not in ("embedded", "gloo"):
+            parse_host_port(self.switch)
+        if self.scheme not in SCHEMES:
+            raise ConfigError(f"scheme: {self.scheme!r} is not one of {', '.join(SCHEMES)}")
+        if not isinstance(self.timeout, (int, float)) or not math.isfinite(self.timeout) or self.timeout <= 0:
+            raise ConfigError(f"timeout: expected a finite number of seconds > 0, got {self.timeout!r}")
+        if self.emulator_host is not None and not self.emulator_host.strip():
+            raise ConfigError("emulator_host: empty address")
+        if not isinstance(self.codec, Mapping) or not all(isinstance(k, str) and k.isidentifier() for k in self.codec):
+            raise ConfigError(f"codec: expected a dict of keyword options, got {self.codec!r}")
+
+    @property
+    def external_address(self) -> tuple[str, int] | None:
+        """``(host, port)`` of an external switch, or ``None`` for embedded/gloo."""
+        return None if self.switch in ("embedded", "gloo") else parse_host_port(self.switch)
+
+    def capped(self, group_timeout_s: float) -> BackendConfig:
+        """This config with ``timeout`` no larger than the process group's own timeout."""
+        return replace(self, timeout=min(self.timeout, group_timeout_s)) if group_timeout_s > 0 else self
+
+    @classmethod
+    def resolve(cls, pg_options: Any = None, env: Mapping[str, str] | None = None) -> BackendConfig:
+        """Build the config from ``pg_options`` (dict, :class:`BackendConfig` or ``None``) over ``env``."""
+        if isinstance(pg_options, BackendConfig):
+            return pg_options
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for key, var in ENV_VARS.items():
+            raw = env.get(var, "").strip()
+            if raw:
+                values[key] = _convert(key, raw, source=var)
+        if pg_options is not None:
+            if not isinstance(pg_options, Mapping):
+                raise ConfigError(
+                    f"pg_options for backend 'homagg' must be a dict or homagg.torch.BackendConfig, "
+                    f"got {type(pg_options).__name__}"
+                )
+            unknown = sorted(set(pg_options) - set(ENV_VARS) - {"codec"})
+            if unknown:
+                raise ConfigError(f"pg_options: unknown keys {unknown}; known: {sorted([*ENV_VARS, 'codec'])}")
+            for key, value in pg_options.items():
+                if key == "codec":
+                    values[key] = dict(value) if isinstance(value, Mapping) else value
+                else:
+                    values[key] = _convert(key, value, source=f"pg_options[{key!r}]")
+        return cls(**values)
+
+
+def _convert(key: str, value: Any, *, source: str) -> Any:
+    """Normalise one raw option value (a string from the environment or a Python value)."""
+    if key == "timeout":
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{source}: timeout {value!r} is not a number of seconds") from None
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ConfigError(f"{source}: timeout must be finite and > 0, got {value!r}")
+        return seconds
+    if not isinstance(value, str):
+        raise ConfigError(f"{source}: expected a string, got {type(value).__name__}")
+    value = value.strip()
+    if key == "switch":
+        low = value.lower()
+        if low in ("embedded", "gloo"):
+            return low
+        host, port = parse_host_port(value, source=source)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if key == "scheme":
+        low = value.lower()
+        if low not in SCHEMES:
+            raise ConfigError(f"{source}: scheme {value!r} is not one of {', '.join(SCHEMES)}")
+        return low
+    return value

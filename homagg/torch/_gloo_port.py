@@ -1,0 +1,66 @@
+"""``HOMAGG_SWITCH=gloo``: a :class:`~homagg.SwitchPort` that emulates the switch with gloo.
+
+No network element is involved: each round's streams are combined with at most three gloo
+allreduces over a *private* gloo group (never the one the process group delegates to), grouped by
+combine op.  ADD wraps modulo 2**32 exactly like the switch (int64 SUM, then wrap; exact for fewer
+than 2**31 workers), OR uses ``ReduceOp.BOR``, MAX uses ``ReduceOp.MAX`` on int32.  Useful where
+UDP to an emulator is unavailable, and as a reference in tests; it is *not* in-network aggregation.
+
+Invariant: the caller owns the gloo group and calls :meth:`combine` from one thread only (the
+process group's FIFO worker), so every rank issues the same gloo calls in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .._errors import ProtocolError, SwitchTimeoutError, TransportError
+from .._switch import CombineOp, Stream, SwitchPort, wrap_int32
+
+__all__ = ["GlooSwitchPort"]
+
+_REDUCE = {CombineOp.ADD: dist.ReduceOp.SUM, CombineOp.OR: dist.ReduceOp.BOR, CombineOp.MAX: dist.ReduceOp.MAX}
+
+
+class GlooSwitchPort(SwitchPort):
+    """Switch contract over a private gloo group (``rank``/``world_size`` are the group's)."""
+
+    def __init__(self, gloo: dist.ProcessGroup, rank: int, world_size: int) -> None:
+        self._gloo: dist.ProcessGroup | None = gloo
+        self.rank = rank
+        self.world_size = world_size
+
+    def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
+        gloo = self._gloo
+        if gloo is None:
+            raise TransportError("gloo switch port is closed")
+        results: list[torch.Tensor | None] = [None] * len(streams)
+        for op in (CombineOp.ADD, CombineOp.OR, CombineOp.MAX):
+            idx = [i for i, s in enumerate(streams) if s.op == op]
+            if not idx:
+                continue
+            parts = [streams[i].words.detach().to("cpu") for i in idx]
+            flat = torch.cat(parts).to(torch.int64 if op == CombineOp.ADD else torch.int32)
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = _REDUCE[op]
+            try:
+                gloo.allreduce([flat], opts).wait()
+            except RuntimeError as exc:
+                text = str(exc)
+                if "imeout" in text or "timed out" in text:
+                    raise SwitchTimeoutError(f"gloo switch emulation: {text}") from exc
+                raise TransportError(f"gloo switch emulation failed: {text}") from exc
+            if op == CombineOp.ADD:
+                flat = wrap_int32(flat)
+            for i, chunk in zip(idx, torch.split(flat, [p.numel() for p in parts])):
+                results[i] = chunk.to(streams[i].words.device)
+        out = [r for r in results if r is not None]
+        if len(out) != len(streams):  # pragma: no cover - every op is handled above
+            raise ProtocolError("gloo switch emulation lost a stream")
+        return out
+
+    def close(self) -> None:
+        self._gloo = None

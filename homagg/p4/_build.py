@@ -1,0 +1,92 @@
+"""``homagg p4 build``: compile ``p4/homagg.p4`` with ``p4c-bm2-ss`` into ``p4/build/``.
+
+Outputs (the build folder is git-ignored): ``homagg.json`` (the BMv2 configuration) and
+``homagg.p4info.txtpb`` (P4Info, protobuf text format), plus ``p4c.log`` with the compiler's
+messages.  With ``--werror`` (used by the tests) any compiler warning fails the build.
+
+Invariant: a successful :func:`build` returns paths that exist and were written by this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._errors import ConfigError, HomAggError
+from .source import P4_DIR
+
+__all__ = ["BuildError", "BuildResult", "build", "default_build_dir", "configure_parser", "run"]
+
+P4C = "p4c-bm2-ss"
+
+
+class BuildError(HomAggError):
+    """p4c is missing, failed, or (with ``werror``) warned."""
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    json: Path
+    p4info: Path
+    log: Path
+    warnings: tuple[str, ...]
+    compiler_version: str
+
+
+def default_build_dir() -> Path:
+    return P4_DIR / "build"
+
+
+def compiler_version(p4c: str = P4C) -> str:
+    exe = shutil.which(p4c)
+    if exe is None:
+        raise BuildError(f"{p4c} not on PATH; see docs/p4-bmv2-mininet.md for how to install p4c")
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
+    return (out.stdout or out.stderr).strip().splitlines()[-1] if (out.stdout or out.stderr) else "unknown"
+
+
+def build(out_dir: Path | None = None, *, werror: bool = False, p4c: str = P4C,
+          source: Path | None = None) -> BuildResult:
+    """Compile the program; raise :class:`BuildError` with the compiler's output on failure."""
+    src = source or P4_DIR / "homagg.p4"
+    if not src.is_file():
+        raise ConfigError(f"{src} not found")
+    exe = shutil.which(p4c)
+    if exe is None:
+        raise BuildError(f"{p4c} not on PATH; see docs/p4-bmv2-mininet.md for how to install p4c")
+    out = (out_dir or default_build_dir()).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, p4info, log = out / "homagg.json", out / "homagg.p4info.txtpb", out / "p4c.log"
+    for stale in (json_path, p4info):
+        stale.unlink(missing_ok=True)
+    cmd = [exe, "--std", "p4-16", "--target", "bmv2", "--arch", "v1model",
+           "-I", str(src.parent), "-o", str(json_path),
+           "--p4runtime-files", str(p4info), str(src)]
+    if werror:
+        cmd.insert(1, "--Werror")
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    text = proc.stdout + proc.stderr
+    log.write_text(" ".join(cmd) + "\n" + text)
+    warnings = tuple(line for line in text.splitlines() if "warning" in line.lower())
+    if proc.returncode != 0 or not json_path.is_file() or not p4info.is_file():
+        raise BuildError(f"{p4c} failed (exit {proc.returncode}):\n{text.strip()}")
+    if werror and warnings:
+        raise BuildError("compiler warnings:\n" + "\n".join(warnings))
+    return BuildResult(json_path, p4info, log, warnings, compiler_version(p4c))
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=None, help="build folder (default: p4/build)")
+    parser.add_argument("--werror", action="store_true", help="treat compiler warnings as errors")
+    parser.add_argument("--p4c", default=P4C, help="compiler executable (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    res = build(args.out, werror=args.werror, p4c=args.p4c)
+    for w in res.warnings:
+        print(w)
+    print(f"built with {res.compiler_version}:\n  {res.json}\n  {res.p4info}")
+    return 0

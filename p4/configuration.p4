@@ -1,0 +1,50 @@
+/* configuration.p4: sizes and wire constants.
+ *
+ * Every constant marked [wire] mirrors homagg/wire.py (tests/test_p4_constants.py compares them);
+ * the others size this program's tables and registers.
+ */
+#ifndef HOMAGG_CONFIGURATION_P4
+#define HOMAGG_CONFIGURATION_P4
+
+/* ---- wire format (docs/wire-format.md) ---- */
+const bit<4>  HOMAGG_VERSION    = 1;       /* [wire] VERSION */
+const bit<4>  OP_ADD            = 0;       /* [wire] wrapping int32 addition */
+const bit<4>  OP_OR             = 1;       /* [wire] bitwise or */
+const bit<4>  OP_MAX            = 2;       /* [wire] signed int32 maximum */
+const bit<8>  FLAG_RESULT       = 0x01;    /* [wire] switch -> worker */
+const bit<8>  FLAG_RETRANSMIT   = 0x02;    /* [wire] worker resent after a timeout */
+const bit<16> HOMAGG_UDP_PORT   = 18497;   /* [wire] 0x4841 "HA" */
+const bit<16> HEADER_LEN        = 16;      /* [wire] homagg header bytes */
+const bit<16> P4_WORDS          = 32;      /* [wire] K: int32 payload words per packet */
+const bit<32> MAX_WORKERS       = 32;      /* [wire] worker bitmap width */
+const bit<32> MAX_SLOTS         = 32768;   /* [wire] 2**15: slot field width */
+
+/* ---- resources of this program ---- */
+const bit<32> SLOT_POOL_SIZE    = 1024;    /* slots in the switch's pool (jobs own ranges of it) */
+const bit<32> POOL_CELLS        = 2048;    /* = 2 * SLOT_POOL_SIZE: one cell per (slot, bank) */
+const bit<32> MAX_JOBS          = 256;     /* admitted jobs at a time; also the job counter size */
+const bit<32> ADMISSION_ENTRIES = 4096;    /* = MAX_JOBS * MAX_WORKERS / 2 */
+const bit<32> FORWARD_ENTRIES   = 1024;    /* L2 forwarding table size */
+
+/* ---- results leave the switch with these header values ---- */
+const bit<8>  RESULT_TTL        = 64;
+const bit<3>  RESULT_IP_FLAGS   = 0b010;   /* don't fragment */
+
+/* ---- protocol numbers ---- */
+const bit<16> ETHERTYPE_IPV4    = 0x0800;
+const bit<8>  IPPROTO_UDP       = 17;
+
+/* ---- drop reasons: index of the drop_reasons counter (the emulator counts the same) ---- */
+const bit<32> DROP_NONE          = 0;
+const bit<32> DROP_BAD_HEADER    = 1;      /* version, op, flags or word_count not acceptable */
+const bit<32> DROP_UNKNOWN_SOURCE = 2;     /* (src ip, src port, job, worker) not admitted */
+const bit<32> DROP_BAD_SLOT      = 3;      /* slot outside the job's range */
+const bit<32> DROP_DUPLICATE     = 4;      /* seen already, slot not yet complete */
+const bit<32> DROP_CONSUMED      = 5;      /* contribution absorbed, slot not yet complete */
+const bit<32> DROP_REASONS       = 8;      /* size of the drop_reasons counter */
+
+/* Multicast groups: the job's result group is chosen by the controller (one per job);
+ * FLOOD_GROUP replicates broadcast frames (ARP) to every port. */
+const bit<16> FLOOD_GROUP       = 0xFFFF;
+
+#endif

@@ -1,0 +1,42 @@
+/* ingress.p4: the ingress pipeline, block by block in the emulator's stage order.
+ *
+ * admission -> slot_select -> worker_bitmap -> counter -> combine -> replicate; a stage that
+ * decides to drop sets meta.drop_reason and later stages are skipped (replicate counts the drop).
+ * Packets not addressed to the aggregation service take the ordinary forwarding path.
+ */
+#ifndef HOMAGG_INGRESS_P4
+#define HOMAGG_INGRESS_P4
+
+control HomaggVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
+    apply { }
+}
+
+control HomaggIngress(inout headers_t hdr, inout metadata_t meta,
+                      inout standard_metadata_t standard_metadata) {
+    Admission()    admission;
+    SlotSelect()   slot_select;
+    WorkerBitmap() worker_bitmap;
+    Completion()   completion;
+    Combine()      combine;
+    Replicate()    replicate;
+    Forward()      forward;
+
+    apply {
+        meta.drop_reason = DROP_NONE;
+        if (hdr.homagg.isValid()) {
+            admission.apply(hdr, meta);
+        }
+        if (!meta.to_switch) {
+            /* Not addressed to the aggregation service: ordinary forwarding. */
+            forward.apply(hdr, meta, standard_metadata);
+            return;
+        }
+        if (meta.drop_reason == DROP_NONE) { slot_select.apply(hdr, meta); }
+        if (meta.drop_reason == DROP_NONE) { worker_bitmap.apply(hdr, meta); }
+        if (meta.drop_reason == DROP_NONE) { completion.apply(hdr, meta); }
+        if (meta.drop_reason == DROP_NONE) { combine.apply(hdr, meta); }
+        replicate.apply(hdr, meta, standard_metadata);
+    }
+}
+
+#endif

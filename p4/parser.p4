@@ -1,0 +1,51 @@
+/* parser.p4: Ethernet / IPv4 (no options) / UDP / homagg header / 32 payload words.
+ *
+ * A UDP datagram is taken as homagg's only if its destination port is HOMAGG_UDP_PORT; its payload
+ * words are extracted only if word_count == P4_WORDS, so a homagg header without a valid payload
+ * header means "wrong word count" (dropped by admission when addressed to the switch, forwarded
+ * untouched otherwise).  Anything else is left unparsed and forwarded by forward.p4.
+ */
+#ifndef HOMAGG_PARSER_P4
+#define HOMAGG_PARSER_P4
+
+parser HomaggParser(packet_in pkt, out headers_t hdr, inout metadata_t meta,
+                    inout standard_metadata_t standard_metadata) {
+    state start {
+        pkt.extract(hdr.ethernet);
+        transition select(hdr.ethernet.ether_type) {
+            ETHERTYPE_IPV4: parse_ipv4;
+            default: accept;
+        }
+    }
+
+    state parse_ipv4 {
+        pkt.extract(hdr.ipv4);
+        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
+            (5, 0, IPPROTO_UDP): parse_udp;
+            default: accept;
+        }
+    }
+
+    state parse_udp {
+        pkt.extract(hdr.udp);
+        transition select(hdr.udp.dst_port) {
+            HOMAGG_UDP_PORT: parse_homagg;
+            default: accept;
+        }
+    }
+
+    state parse_homagg {
+        pkt.extract(hdr.homagg);
+        transition select(hdr.homagg.word_count) {
+            P4_WORDS: parse_payload;
+            default: accept;
+        }
+    }
+
+    state parse_payload {
+        pkt.extract(hdr.payload);
+        transition accept;
+    }
+}
+
+#endif

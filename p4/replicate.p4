@@ -1,0 +1,97 @@
+/* replicate.p4: send a result to the job's workers (ingress decision + egress rewrite).
+ *
+ * Ingress (Replicate):
+ *   new contribution that completed its cell -> multicast to the job's group (one replica per
+ *                                               worker, replication id = worker_id)
+ *   retransmission into a complete cell      -> unicast the stored result back to that worker
+ *   new contribution, cell not complete      -> absorbed (DROP_CONSUMED)
+ *   duplicate, cell not complete             -> DROP_DUPLICATE
+ *   anything flagged earlier                 -> dropped with its reason
+ *   Every drop is counted in drop_reasons[reason].
+ *
+ * Egress (HomaggEgress): each copy is rewritten for its destination worker from result_rewrite
+ *   (job_id, worker) -> switch MAC/IP, worker MAC/IP/UDP port.  Results leave with
+ *   flags = FLAG_RESULT, worker_id = the destination worker, UDP source port HOMAGG_UDP_PORT,
+ *   UDP checksum 0, IPv4 identification 0, DF, TTL RESULT_TTL (checksum recomputed in deparser.p4).
+ *   A copy without a rewrite entry is dropped.  Forwarded frames never leave through their ingress
+ *   port (flooding prunes it; L2 switches do not hairpin).
+ */
+#ifndef HOMAGG_REPLICATE_P4
+#define HOMAGG_REPLICATE_P4
+
+control Replicate(inout headers_t hdr, inout metadata_t meta,
+                  inout standard_metadata_t standard_metadata) {
+    counter(DROP_REASONS, CounterType.packets) drop_reasons;
+
+    apply {
+        if (meta.drop_reason == DROP_NONE) {
+            if (meta.complete) {
+                if (meta.is_new) {
+                    standard_metadata.mcast_grp = meta.mcast_grp;
+                } else {
+                    meta.unicast = true;
+                    standard_metadata.egress_spec = meta.worker_port;
+                }
+            } else if (meta.is_new) {
+                meta.drop_reason = DROP_CONSUMED;
+            } else {
+                meta.drop_reason = DROP_DUPLICATE;
+            }
+        }
+        if (meta.drop_reason != DROP_NONE) {
+            drop_reasons.count(meta.drop_reason);
+            mark_to_drop(standard_metadata);
+        }
+    }
+}
+
+control HomaggEgress(inout headers_t hdr, inout metadata_t meta,
+                     inout standard_metadata_t standard_metadata) {
+    direct_counter(CounterType.packets_and_bytes) results_sent;
+
+    action to_worker(bit<48> switch_mac, bit<32> switch_ip,
+                     bit<48> worker_mac, bit<32> worker_ip, bit<16> worker_port) {
+        results_sent.count();
+        hdr.ethernet.dst_addr = worker_mac;
+        hdr.ethernet.src_addr = switch_mac;
+        hdr.ipv4.diffserv = 0;
+        hdr.ipv4.identification = 0;
+        hdr.ipv4.flags = RESULT_IP_FLAGS;
+        hdr.ipv4.ttl = RESULT_TTL;
+        hdr.ipv4.src_addr = switch_ip;
+        hdr.ipv4.dst_addr = worker_ip;
+        hdr.udp.src_port = HOMAGG_UDP_PORT;
+        hdr.udp.dst_port = worker_port;
+        hdr.udp.checksum = 0;
+        hdr.homagg.flags = FLAG_RESULT;
+    }
+
+    action drop_copy() {
+        results_sent.count();
+        mark_to_drop(standard_metadata);
+    }
+
+    table result_rewrite {
+        key = {
+            hdr.homagg.job_id    : exact;
+            hdr.homagg.worker_id : exact;   /* already set to the destination worker */
+        }
+        actions = { to_worker; @defaultonly drop_copy; }
+        const default_action = drop_copy();
+        counters = results_sent;
+        size = ADMISSION_ENTRIES;
+    }
+
+    apply {
+        if (meta.to_switch) {
+            if (!meta.unicast) {
+                hdr.homagg.worker_id = (bit<8>) standard_metadata.egress_rid;
+            }
+            result_rewrite.apply();
+        } else if (standard_metadata.egress_port == standard_metadata.ingress_port) {
+            mark_to_drop(standard_metadata);
+        }
+    }
+}
+
+#endif

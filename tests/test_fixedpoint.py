@@ -1,0 +1,83 @@
+"""Fixed-point stage: grid arithmetic, limbs and typed errors, against exact references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import homagg
+from homagg import _fixedpoint as fp
+from homagg.testing import local_allreduce
+
+
+@pytest.mark.parametrize(("world", "bits"), [(1, 31), (2, 30), (3, 29), (8, 28), (33, 25), (128, 24)])
+def test_precision_leaves_log2_world_headroom(world: int, bits: int) -> None:
+    assert fp.precision_bits(world) == bits
+    assert world * (2**bits - 1) <= 2**31 - 1
+
+
+def test_quantize_extremes_never_overflow_the_sum() -> None:
+    world = 8
+    x = torch.tensor([1.0 - 2**-53, -(1.0 - 2**-53), 0.75], dtype=torch.float64)
+    idx = torch.arange(3)
+    exps = fp.block_exponents(idx, x, 3, 1024)
+    q = fp.quantize(idx, x, exps, 1024, world).to(torch.int64)
+    assert int(q.abs().max()) * world <= 2**31 - 1
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8])
+def test_limbs_round_trip_exactly(dtype: torch.dtype) -> None:
+    info = torch.iinfo(dtype)
+    v = torch.tensor([info.min, info.max, 0, -1 if info.min < 0 else 1, 12345 % info.max], dtype=dtype)
+    limbs = fp.to_limbs(v, fp.limb_count(dtype))
+    assert torch.equal(fp.from_limbs(limbs, dtype), v)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_integer_sum_exact_and_overflow_is_typed(dtype: torch.dtype) -> None:
+    info = torch.iinfo(dtype)
+    near = [torch.tensor([info.max // 2, info.min // 2, 7], dtype=dtype) for _ in range(2)]
+    for scheme in homagg.SCHEMES:
+        out = local_allreduce(near, scheme)[0]
+        assert out.tolist() == [sum(int(t[i]) for t in near) for i in range(3)]
+    over = [torch.tensor([info.max, 1], dtype=dtype), torch.tensor([1, 1], dtype=dtype)]
+    with pytest.raises(homagg.IntegerOverflowError):
+        local_allreduce(over, "dense")
+    under = [torch.tensor([info.min], dtype=dtype), torch.tensor([-1], dtype=dtype)]
+    with pytest.raises(homagg.IntegerOverflowError):
+        local_allreduce(under, "compact")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("scheme", homagg.SCHEMES)
+def test_non_finite_input_raises_before_sending(bad: float, scheme: str) -> None:
+    sent: list[str] = []
+
+    class Recorder(homagg.InProcessSwitch):
+        def _combine(self, rank, streams):  # type: ignore[no-untyped-def]
+            sent.extend(s.name for s in streams)
+            return super()._combine(rank, streams)
+
+    x = torch.ones(100)
+    x[17] = bad
+    with pytest.raises(homagg.NonFiniteError):
+        homagg.allreduce(x, Recorder(1).port(0), scheme=scheme)
+    assert sent == []
+    with pytest.raises(homagg.NonFiniteError):
+        local_allreduce([torch.ones(100), x], scheme)
+
+
+def test_bad_inputs_are_typed_errors() -> None:
+    with pytest.raises(homagg.InputError):
+        local_allreduce([torch.zeros(3, dtype=torch.complex64)] * 2)
+    with pytest.raises(homagg.InputError):
+        local_allreduce([torch.zeros(3), torch.zeros(4)])
+    with pytest.raises(homagg.InputError):
+        local_allreduce([])
+    with pytest.raises(homagg.ConfigError):
+        local_allreduce([torch.zeros(3)], "zip")
+    with pytest.raises(homagg.ConfigError):
+        local_allreduce([torch.zeros(3)], "auto", block_size=0)
+    with pytest.raises(homagg.ConfigError):
+        local_allreduce([torch.zeros(3)], "auto", no_such_option=1)
+    assert issubclass(homagg.NonFiniteError, homagg.HomAggError)

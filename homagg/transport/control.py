@@ -1,0 +1,150 @@
+"""Control protocol client: admit/register/remove jobs and read counters on a homagg switch.
+
+Protocol (the emulator serves it; the BMv2 controller mirrors it): JSON lines over TCP.  Each
+request is one JSON object on one line with a ``cmd``; each response is one line, ``{"ok": true,
+...}`` or ``{"ok": false, "error": "..."}``.
+
+=================  ==========================================  =================================
+cmd                request fields                              response fields
+=================  ==========================================  =================================
+``ping``           -                                           ``version``, ``data`` [ip, port]
+``admit``          ``job``: JobSpec dict; ``job_id`` and       ``job``: the admitted JobSpec
+                   ``slot_base`` may be null (switch picks)
+``register``       ``job_id``, ``worker_id``, ``ip``, ``port``  ``job``
+``remove``         ``job_id``                                  ``removed``: bool
+``status``         -                                           ``counters``, ``jobs``, ``faults``
+``slot``           ``job_id``, ``slot`` (absolute)             ``banks``: [{bank, bitmap, count,
+                                                               complete, missing, tag, offset}]
+``faults``         ``drop``, ``duplicate``, ``reorder``,       ``faults``
+                   ``seed`` (emulator only)
+``reset_counters`` -                                           -
+=================  ==========================================  =================================
+
+Admission works with OS-picked UDP ports: admit the job with its ``world_size`` (and no
+``workers``), then every worker binds its socket and ``register`` s its own (ip, port) before it
+sends (:class:`homagg.transport.UdpSwitchPort` does this when given ``control=``).  Packets from
+unregistered sources are dropped by the switch (``drop_unknown_source``).
+
+Usage::
+
+    ctl = ControlClient(("127.0.0.1", 18498))
+    job = ctl.admit(world_size=4, n_slots=64, words_per_packet=2048)   # -> JobSpec
+    ...                                                                # workers register + run
+    ctl.remove(job.job_id)                                             # slots reclaimed
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+from .._errors import ConfigError, TransportError
+from ..jobs import JobSpec
+from ..wire import P4_WORDS
+
+__all__ = ["ControlClient", "parse_addr"]
+
+
+def parse_addr(text: str | tuple[str, int], default_port: int | None = None) -> tuple[str, int]:
+    """``"HOST:PORT"`` (or a tuple) -> ``(host, port)``."""
+    if isinstance(text, tuple):
+        return (str(text[0]), int(text[1]))
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        if default_port is None:
+            raise ConfigError(f"address {text!r} is not HOST:PORT")
+        return (text, default_port)
+    try:
+        return (host or "127.0.0.1", int(port))
+    except ValueError as exc:
+        raise ConfigError(f"address {text!r} is not HOST:PORT") from exc
+
+
+class ControlClient:
+    """A blocking client of the control protocol; one TCP connection, reopened on demand."""
+
+    def __init__(self, addr: str | tuple[str, int], timeout: float = 10.0) -> None:
+        self.addr = parse_addr(addr)
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._rfile: Any = None
+
+    def request(self, cmd: str, **fields: Any) -> dict[str, Any]:
+        """Send one request; return the response (raise TransportError/ConfigError on failure)."""
+        line = json.dumps({"cmd": cmd, **fields}).encode() + b"\n"
+        for attempt in (0, 1):
+            try:
+                if self._sock is None:
+                    self._sock = socket.create_connection(self.addr, timeout=self.timeout)
+                    self._rfile = self._sock.makefile("rb")
+                self._sock.sendall(line)
+                resp_line = self._rfile.readline()
+                if not resp_line:
+                    raise ConnectionError("control connection closed")
+                break
+            except OSError as exc:
+                self.close()
+                if attempt:
+                    raise TransportError(f"switch control {self.addr[0]}:{self.addr[1]} ({cmd}): {exc}") from exc
+        resp = json.loads(resp_line)
+        if not resp.get("ok"):
+            raise ConfigError(f"switch refused {cmd}: {resp.get('error')}")
+        return resp
+
+    def ping(self) -> dict[str, Any]:
+        return self.request("ping")
+
+    def admit(
+        self,
+        world_size: int,
+        *,
+        job_id: int | None = None,
+        slot_base: int | None = None,
+        n_slots: int = 64,
+        words_per_packet: int = P4_WORDS,
+        workers: list[dict[str, Any]] | None = None,
+        idle_timeout_s: float | None = None,
+    ) -> JobSpec:
+        """Admit a job; ``job_id``/``slot_base`` None let the switch choose.  Returns the admitted spec."""
+        job = {"job_id": job_id, "world_size": world_size, "slot_base": slot_base, "n_slots": n_slots,
+               "words_per_packet": words_per_packet, "workers": workers or [], "idle_timeout_s": idle_timeout_s}
+        return JobSpec.from_dict(self.request("admit", job=job)["job"])
+
+    def admit_spec(self, spec: JobSpec) -> JobSpec:
+        return JobSpec.from_dict(self.request("admit", job=spec.to_dict())["job"])
+
+    def register(self, job_id: int, worker_id: int, addr: tuple[str, int]) -> JobSpec:
+        r = self.request("register", job_id=job_id, worker_id=worker_id, ip=addr[0], port=addr[1])
+        return JobSpec.from_dict(r["job"])
+
+    def remove(self, job_id: int) -> bool:
+        return bool(self.request("remove", job_id=job_id)["removed"])
+
+    def status(self) -> dict[str, Any]:
+        return self.request("status")
+
+    def slot_status(self, job_id: int, slot: int) -> dict[str, Any]:
+        return self.request("slot", job_id=job_id, slot=slot)
+
+    def set_faults(self, drop: float = 0.0, duplicate: float = 0.0, reorder: float = 0.0,
+                   seed: int | None = None) -> dict[str, Any]:
+        return self.request("faults", drop=drop, duplicate=duplicate, reorder=reorder, seed=seed)["faults"]
+
+    def reset_counters(self) -> None:
+        self.request("reset_counters")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._rfile.close()
+                self._sock.close()
+            finally:
+                self._sock = None
+                self._rfile = None
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

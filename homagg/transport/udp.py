@@ -1,0 +1,298 @@
+"""UdpSwitchPort: the switch contract over UDP to the emulator or a BMv2 switch.
+
+A round's streams are cut into chunks of at most K = ``words_per_packet`` words.  Chunks carry a
+*global* sequence number ``g`` (continuing across rounds, identical on every worker of the job):
+
+* slot ``slot_base + g % n_slots``, bank ``(g // n_slots) % 2`` (alternates on each reuse),
+* tag ``g % 2**16`` (lets the switch tell a late copy from the next use of a bank),
+* offset = word offset of the chunk within its stream.
+
+Self-clocking (SwitchML): the window is the job's ``n_slots``; the chunk ``g + n_slots`` is sent
+into a slot only after the result of chunk ``g`` came back.  A chunk without result after its RTO
+is resent with ``FLAG_RETRANSMIT`` (RTO from a smoothed RTT, doubled per retry up to
+``max_rto``); the switch answers a retransmission of a completed slot from its shadow copy.
+Duplicated, reordered and stale results are ignored (matched on slot, bank, tag, offset).
+
+Never hangs: when no chunk completes for ``timeout`` seconds, :class:`~homagg.SwitchTimeoutError`
+is raised naming the job, the oldest pending slot/bank/offset and the workers the switch has not
+heard from for it (asked over the control port when ``control`` is given).  The error object has
+attributes ``job_id``, ``slot``, ``bank``, ``offset``, ``stream``, ``missing`` (list or None).
+
+Usage (one process per worker; job admitted once by anyone, e.g. rank 0)::
+
+    from homagg.transport import ControlClient, UdpSwitchPort
+    job = ControlClient(ctl_addr).admit(world_size=4, n_slots=64, words_per_packet=2048)  # rank 0
+    port = UdpSwitchPort(data_addr, job=job, rank=r, control=ctl_addr)   # registers its address
+    out = homagg.allreduce(tensor, port)          # or port.combine([Stream(...), ...])
+    port.close()
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._errors import ConfigError, SwitchTimeoutError, TransportError
+from .._switch import Stream, SwitchPort
+from ..jobs import JobSpec
+from ..wire import FLAG_RESULT, FLAG_RETRANSMIT, HEADER_LEN, HEADER_STRUCT, MAX_WORDS_JUMBO, VERSION, WORD_DTYPE
+from .control import ControlClient, parse_addr
+
+__all__ = ["UdpSwitchPort"]
+
+_unpack = HEADER_STRUCT.unpack_from
+_pack_into = HEADER_STRUCT.pack_into
+_BUF_BYTES = 32 << 20
+
+
+class UdpSwitchPort(SwitchPort):
+    """One worker's UDP port to a homagg switch; see the module docstring for the protocol.
+
+    Either pass ``job`` (a :class:`~homagg.jobs.JobSpec`, e.g. from ``ControlClient.admit``) or
+    the fields ``job_id``, ``world_size``, ``slot_base``, ``n_slots``, ``words_per_packet``.
+    ``control`` (HOST:PORT of the switch's control port) enables self-registration of this
+    worker's source address and missing-worker diagnostics.
+    """
+
+    def __init__(
+        self,
+        switch: str | tuple[str, int],
+        *,
+        rank: int,
+        job: JobSpec | None = None,
+        job_id: int | None = None,
+        world_size: int | None = None,
+        slot_base: int = 0,
+        n_slots: int = 64,
+        words_per_packet: int = 32,
+        control: str | tuple[str, int] | None = None,
+        register: bool = True,
+        bind: tuple[str, int] | None = None,
+        timeout: float = 30.0,
+        rto: float = 0.05,
+        min_rto: float = 0.02,
+        max_rto: float = 1.0,
+    ) -> None:
+        if job is None:
+            if job_id is None or world_size is None:
+                raise ConfigError("UdpSwitchPort needs job= or job_id= and world_size=")
+            job = JobSpec(job_id, world_size, slot_base, n_slots, words_per_packet)
+        self.job = job.validate()
+        if not 0 <= rank < job.world_size:
+            raise ConfigError(f"rank {rank} outside [0, {job.world_size}) of job {job.job_id}")
+        if timeout <= 0 or not 0 < min_rto <= max_rto:
+            raise ConfigError("timeouts must be positive and min_rto <= max_rto")
+        self.rank = rank
+        self.world_size = job.world_size
+        self.switch_addr = parse_addr(switch)
+        self.timeout, self.rto0, self.min_rto, self.max_rto = timeout, rto, min_rto, max_rto
+        self._ctl = ControlClient(control, timeout=min(timeout, 10.0)) if control is not None else None
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for opt in (getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF):
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, opt, _BUF_BYTES)
+                break
+            except OSError:
+                continue
+        if bind is not None:
+            self.sock.bind(bind)
+        self.sock.connect(self.switch_addr)  # picks the local address; only the switch's datagrams arrive
+        self.sock.setblocking(False)
+        self.local_addr: tuple[str, int] = self.sock.getsockname()
+        k, n = job.words_per_packet, job.n_slots
+        self._bufs = [bytearray(HEADER_LEN + 4 * k) for _ in range(n)]
+        self._rbuf = bytearray(HEADER_LEN + 4 * MAX_WORDS_JUMBO + 64)
+        self._seq = 0  # global chunk counter, identical on every worker of the job
+        self._srtt: float | None = None
+        self._rttvar = 0.0
+        self.stats: dict[str, int] = {"packets": 0, "retransmits": 0, "results": 0, "ignored": 0, "rounds": 0}
+        if self._ctl is not None and register:
+            self._ctl.register(job.job_id, rank, self.local_addr)
+
+    # ------------------------------------------------------------------------------------------
+    def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
+        srcs = [s.words.detach().cpu().contiguous().numpy() for s in streams]
+        outs = [np.empty(a.size, dtype=np.int32) for a in srcs]
+        k = self.job.words_per_packet
+        chunks: list[tuple[int, int, int, int]] = []  # (stream, offset, word_count, op)
+        for j, (s, a) in enumerate(zip(streams, srcs)):
+            chunks.extend((j, off, min(k, a.size - off), int(s.op)) for off in range(0, a.size, k))
+        self.stats["rounds"] += 1
+        if chunks:
+            self._run(chunks, srcs, outs, streams)
+        return [torch.from_numpy(o) for o in outs]
+
+    def _run(self, chunks: list[tuple[int, int, int, int]], srcs: list[np.ndarray], outs: list[np.ndarray],
+             streams: Sequence[Stream]) -> None:
+        job = self.job
+        nslot, base, jid, rank = job.n_slots, job.slot_base, job.job_id, self.rank
+        total = len(chunks)
+        seq0 = self._seq
+        bufs = self._bufs
+        sock = self.sock
+        send = sock.send
+        cur = [-1] * nslot  # chunk index outstanding in each slot, -1 if none
+        sent_at = [0.0] * nslot
+        deadline = [0.0] * nslot
+        tries = [0] * nslot
+        rto = self.rto0 if self._srtt is None else self._rto()
+
+        def put(c: int, now: float) -> None:
+            g = seq0 + c
+            s = g % nslot
+            j, off, wc, op = chunks[c]
+            buf = bufs[s]
+            _pack_into(buf, 0, (VERSION << 4) | op, 0, jid, rank, 0, wc, (((g // nslot) & 1) << 15) | (base + s),
+                       g & 0xFFFF, off)
+            np.frombuffer(buf, dtype=WORD_DTYPE, count=wc, offset=HEADER_LEN)[:] = srcs[j][off:off + wc]
+            cur[s] = c
+            tries[s] = 0
+            sent_at[s] = now
+            deadline[s] = now + rto
+            self._send(send, memoryview(buf)[: HEADER_LEN + 4 * wc])
+
+        now = time.monotonic()
+        for c in range(min(nslot, total)):
+            put(c, now)
+        self.stats["packets"] += min(nslot, total)
+        done = 0
+        last_progress = now
+        next_scan = now + rto
+        rbuf = self._rbuf
+        recv_into = sock.recv_into
+        while done < total:
+            got = 0
+            try:
+                while True:
+                    n = recv_into(rbuf)
+                    if n < HEADER_LEN:
+                        self.stats["ignored"] += 1
+                        continue
+                    vo, flags, rjob, _w, _r, wc, bs, tag, off = _unpack(rbuf, 0)
+                    s = (bs & 0x7FFF) - base
+                    if not (flags & FLAG_RESULT and rjob == jid and 0 <= s < nslot and cur[s] >= 0
+                            and n == HEADER_LEN + 4 * wc and vo >> 4 == VERSION):
+                        self.stats["ignored"] += 1
+                        continue
+                    c = cur[s]
+                    g = seq0 + c
+                    j, coff, cwc, _op = chunks[c]
+                    if tag != g & 0xFFFF or bs >> 15 != (g // nslot) & 1 or off != coff or wc != cwc:
+                        self.stats["ignored"] += 1  # late or duplicated result of an earlier use
+                        continue
+                    outs[j][off:off + wc] = np.frombuffer(rbuf, dtype=WORD_DTYPE, count=wc, offset=HEADER_LEN)
+                    self.stats["results"] += 1
+                    done += 1
+                    got += 1
+                    t = time.monotonic()
+                    if tries[s] == 0:
+                        self._rtt_sample(t - sent_at[s])
+                    nxt = c + nslot
+                    if nxt < total:
+                        put(nxt, t)
+                        self.stats["packets"] += 1
+                    else:
+                        cur[s] = -1
+            except BlockingIOError:
+                pass
+            except ConnectionRefusedError:
+                pass  # ICMP port unreachable from a switch not (yet) up: keep retrying until timeout
+            now = time.monotonic()
+            if got:
+                last_progress = now
+                rto = self._rto()
+            if done >= total:
+                break
+            if now >= next_scan:
+                next_scan = now + rto
+                for s in range(nslot):
+                    if cur[s] >= 0 and now >= deadline[s]:
+                        buf = bufs[s]
+                        buf[1] = FLAG_RETRANSMIT
+                        wc = chunks[cur[s]][2]
+                        self._send(send, memoryview(buf)[: HEADER_LEN + 4 * wc])
+                        tries[s] += 1
+                        self.stats["retransmits"] += 1
+                        deadline[s] = now + min(self.max_rto, rto * (2 ** tries[s]))
+                    if cur[s] >= 0:
+                        next_scan = min(next_scan, deadline[s])
+                if now - last_progress > self.timeout:
+                    self._seq = seq0 + total  # keep the sequence aligned if the caller retries the job
+                    raise self._timeout_error(chunks, cur, seq0, streams)
+            if not got:
+                select.select([sock], [], [], max(0.0, min(next_scan, last_progress + self.timeout) - now) + 1e-4)
+        self._seq = seq0 + total
+
+    # ------------------------------------------------------------------------------------------
+    def _send(self, send: Any, dgram: memoryview) -> None:
+        try:
+            send(dgram)
+        except BlockingIOError:
+            select.select([], [self.sock], [], 0.05)
+            try:
+                send(dgram)
+            except OSError:
+                pass  # treated as loss: retransmitted after the RTO
+        except ConnectionRefusedError:
+            pass
+        except OSError as exc:
+            raise TransportError(f"job {self.job.job_id} worker {self.rank}: cannot send to {self.switch_addr}: {exc}") from exc
+
+    def _rtt_sample(self, r: float) -> None:
+        if self._srtt is None:
+            self._srtt, self._rttvar = r, r / 2
+        else:
+            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - r)
+            self._srtt = 0.875 * self._srtt + 0.125 * r
+
+    def _rto(self) -> float:
+        if self._srtt is None:
+            return self.rto0
+        return min(self.max_rto, max(self.min_rto, 2 * self._srtt + 4 * self._rttvar))
+
+    def _timeout_error(self, chunks: list[tuple[int, int, int, int]], cur: list[int], seq0: int,
+                       streams: Sequence[Stream]) -> SwitchTimeoutError:
+        job = self.job
+        pending = [c for c in cur if c >= 0]
+        c = min(pending)
+        g = seq0 + c
+        slot, bank = job.slot_base + g % job.n_slots, (g // job.n_slots) & 1
+        j, off, _wc, _op = chunks[c]
+        missing: list[int] | None = None
+        detail = "switch not asked (no control address)"
+        if self._ctl is not None:
+            try:
+                st = self._ctl.slot_status(job.job_id, slot)
+                b = st["banks"][bank]
+                missing = list(b["missing"])
+                if b["complete"]:
+                    detail = "the switch has the complete result; results to this worker are being lost"
+                else:
+                    detail = f"the switch has not heard from workers {missing} for this slot"
+            except Exception as exc:  # noqa: BLE001 - diagnostics only
+                detail = f"could not ask the switch: {exc}"
+        err = SwitchTimeoutError(
+            f"job {job.job_id} worker {self.rank}: no progress for {self.timeout}s; waiting on slot {slot} "
+            f"bank {bank} (stream {streams[j].name!r} offset {off}, {len(pending)} chunks pending); {detail}"
+        )
+        err.job_id, err.slot, err.bank, err.offset, err.stream, err.missing = (  # type: ignore[attr-defined]
+            job.job_id, slot, bank, off, streams[j].name, missing)
+        return err
+
+    def close(self) -> None:
+        self.sock.close()
+        if self._ctl is not None:
+            self._ctl.close()
+
+    def __enter__(self) -> UdpSwitchPort:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

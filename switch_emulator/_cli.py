@@ -1,0 +1,77 @@
+"""``homagg switch`` / ``python -m switch_emulator``: run the emulator, or query a running one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+
+from homagg.transport.control import ControlClient, parse_addr
+from homagg.wire import HOMAGG_UDP_PORT
+
+__all__ = ["configure_parser", "run"]
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--listen", default=f"127.0.0.1:{HOMAGG_UDP_PORT}", help="data address HOST:PORT (UDP backend)")
+    p.add_argument("--control", default=f"127.0.0.1:{HOMAGG_UDP_PORT + 1}", help="control address HOST:PORT (TCP)")
+    p.add_argument("--backend", choices=("udp", "raw"), default="udp", help="udp socket, or raw AF_PACKET ports")
+    p.add_argument("--iface", action="append", default=[], help="raw backend: interface to serve (repeatable)")
+    p.add_argument("--slots", type=int, default=4096, help="slot pool size")
+    p.add_argument("--jobs", help="JSON/TOML file of jobs to admit at start")
+    p.add_argument("--drop", type=float, default=0.0, help="fault injection: drop rate (ingress and egress)")
+    p.add_argument("--duplicate", type=float, default=0.0, help="fault injection: duplicate rate")
+    p.add_argument("--reorder", type=float, default=0.0, help="fault injection: reorder rate")
+    p.add_argument("--seed", type=int, default=None, help="fault injection RNG seed")
+    p.add_argument("--status", action="store_true", help="print the status of the switch at --control and exit")
+    p.add_argument("--ready-json", action="store_true", help="print one JSON line with the bound addresses when ready")
+    p.add_argument("--quiet", action="store_true", help="no banner")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.status:
+        with ControlClient(parse_addr(args.control)) as ctl:
+            print(json.dumps(ctl.status(), indent=2))
+        return 0
+    from homagg.jobs import load_jobs
+
+    from .control import ControlServer
+    from .faults import FaultConfig
+    from .switch import Switch
+
+    faults = FaultConfig(args.drop, args.duplicate, args.reorder, args.seed)
+    if args.backend == "udp":
+        from .io_udp import UdpBackend
+
+        backend: object = UdpBackend(parse_addr(args.listen))
+    else:
+        from .io_raw import RawBackend
+
+        backend = RawBackend(args.iface, udp_port=parse_addr(args.listen)[1])
+    sw = Switch(backend.send, pool_slots=args.slots, faults=faults)  # type: ignore[attr-defined]
+    sw.data_addr = backend.addr  # type: ignore[attr-defined]
+    for spec in load_jobs(args.jobs) if args.jobs else []:
+        sw.admission.admit(spec)
+    ctl = ControlServer(sw, parse_addr(args.control)).start()
+    stop = threading.Event()
+
+    def _term(signum: int, frame: object) -> None:
+        backend.stop()  # type: ignore[attr-defined]
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    info = {"data": list(backend.addr), "control": list(ctl.addr), "backend": args.backend}  # type: ignore[attr-defined]
+    if args.ready_json:
+        print(json.dumps(info), flush=True)
+    if not args.quiet:
+        print(f"homagg switch emulator: data {info['data']} control {info['control']} ({args.backend})",
+              file=sys.stderr, flush=True)
+    try:
+        backend.serve(sw)  # type: ignore[attr-defined]
+    finally:
+        backend.close()  # type: ignore[attr-defined]
+        ctl.stop()
+    return 0

@@ -1,0 +1,119 @@
+"""Run the emulator inside this process (a background thread) or as a subprocess.
+
+Both return a :class:`RunningSwitch` with ``data_addr`` (where workers send datagrams),
+``control_addr`` (the JSON-lines control port) and ``stop()``; both are context managers::
+
+    from switch_emulator import start, spawn
+    with start() as sw:                      # thread; sw.switch is the live Switch object
+        ctl = ControlClient(sw.control_addr)
+    with spawn(drop=0.01) as sw:             # `python -m switch_emulator` child process
+        ...
+
+Use :func:`spawn` when the workers run in this process too (the emulator then has its own GIL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from homagg._errors import TransportError
+
+from .control import ControlServer
+from .faults import FaultConfig
+from .io_udp import UdpBackend
+from .switch import Switch
+
+__all__ = ["RunningSwitch", "start", "spawn"]
+
+Addr = tuple[str, int]
+
+
+@dataclass
+class RunningSwitch:
+    data_addr: Addr
+    control_addr: Addr
+    switch: Switch | None = None  #: the live object (in-thread only)
+    process: subprocess.Popen[str] | None = None  #: the child (subprocess only)
+    _stoppers: list = field(default_factory=list, repr=False)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving and release the ports (idempotent)."""
+        while self._stoppers:
+            self._stoppers.pop()()
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+
+    def __enter__(self) -> RunningSwitch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start(
+    listen: Addr = ("127.0.0.1", 0),
+    control: Addr = ("127.0.0.1", 0),
+    *,
+    pool_slots: int = 4096,
+    faults: FaultConfig | None = None,
+) -> RunningSwitch:
+    """Serve an emulator (UDP backend) from daemon threads of this process."""
+    backend = UdpBackend(listen)
+    sw = Switch(backend.send, pool_slots=pool_slots, faults=faults)
+    sw.data_addr = backend.addr
+    ctl = ControlServer(sw, control).start()
+    t = threading.Thread(target=backend.serve, args=(sw,), name="homagg-switch-data", daemon=True)
+    t.start()
+
+    def _stop() -> None:
+        backend.stop()
+        t.join(5)
+        backend.close()
+        ctl.stop()
+
+    return RunningSwitch(backend.addr, ctl.addr, switch=sw, _stoppers=[_stop])
+
+
+def spawn(
+    listen: Addr = ("127.0.0.1", 0),
+    control: Addr = ("127.0.0.1", 0),
+    *,
+    pool_slots: int = 4096,
+    drop: float = 0.0,
+    duplicate: float = 0.0,
+    reorder: float = 0.0,
+    seed: int | None = None,
+    extra_args: list[str] | None = None,
+    timeout: float = 30.0,
+) -> RunningSwitch:
+    """Start ``python -m switch_emulator`` as a child; returns once it serves (bound addresses known)."""
+    cmd = [sys.executable, "-m", "switch_emulator", "--listen", f"{listen[0]}:{listen[1]}",
+           "--control", f"{control[0]}:{control[1]}", "--slots", str(pool_slots), "--drop", str(drop),
+           "--duplicate", str(duplicate), "--reorder", str(reorder), "--ready-json", "--quiet"]
+    if seed is not None:
+        cmd += ["--seed", str(seed)]
+    cmd += extra_args or []
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    result: list[str] = []
+    reader = threading.Thread(target=lambda: result.append(proc.stdout.readline() if proc.stdout else ""), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not result or not result[0].strip():
+        proc.kill()
+        proc.wait()
+        raise TransportError(f"switch emulator did not start within {timeout}s (exit {proc.poll()}): {' '.join(cmd)}")
+    info = json.loads(result[0])
+    return RunningSwitch(tuple(info["data"]), tuple(info["control"]), process=proc)  # type: ignore[arg-type]

@@ -1,0 +1,92 @@
+"""UDP socket backend (no root): one socket receives workers' datagrams and sends results.
+
+The loop drains the socket without blocking (no poll per datagram while busy), flushes the fault
+injector's held datagram and runs housekeeping when idle, and blocks in ``select`` with a short
+timeout otherwise.  Receive/send buffers are enlarged (``SO_RCVBUFFORCE`` when permitted).
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+
+from .switch import Switch
+
+__all__ = ["UdpBackend", "set_buffers"]
+
+BUFFER_BYTES = 32 << 20
+
+
+def set_buffers(sock: socket.socket, nbytes: int = BUFFER_BYTES) -> None:
+    """Best-effort large socket buffers (FORCE variants need CAP_NET_ADMIN; fall back silently)."""
+    for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF),
+                         (getattr(socket, "SO_SNDBUFFORCE", 32), socket.SO_SNDBUF)):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, nbytes)
+        except OSError:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, plain, nbytes)
+            except OSError:
+                pass
+
+
+class UdpBackend:
+    """Serve ``switch`` on a UDP socket bound to ``listen`` until :meth:`stop`."""
+
+    name = "udp"
+
+    def __init__(self, listen: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        set_buffers(self.sock)
+        self.sock.bind(listen)
+        self.sock.setblocking(False)
+        self.addr: tuple[str, int] = self.sock.getsockname()
+        self._stop = threading.Event()
+        self._sendto = self.sock.sendto
+
+    def send(self, dgram: memoryview, addr: tuple[str, int]) -> None:
+        try:
+            self._sendto(dgram, addr)
+        except BlockingIOError:
+            select.select([], [self.sock], [], 0.05)
+            try:
+                self._sendto(dgram, addr)
+            except OSError:
+                pass  # counted as loss by the workers' retransmissions
+        except OSError:
+            pass  # e.g. a worker went away; the worker side recovers by retransmission
+
+    def serve(self, switch: Switch) -> None:
+        switch.data_addr = self.addr
+        switch.backend = self.name
+        buf = bytearray(65536)
+        recv = self.sock.recvfrom_into
+        sock = self.sock
+        stop = self._stop
+        next_house = time.monotonic() + 0.5
+        while not stop.is_set():
+            ingress = switch.ingress
+            try:
+                for _ in range(256):
+                    n, src = recv(buf)
+                    ingress(buf, n, src)
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                continue  # ICMP errors reported on the socket; ignore
+            switch.faults.flush()
+            now = time.monotonic()
+            if now >= next_house:
+                switch.housekeeping()
+                next_house = now + 0.5
+            select.select([sock], [], [], 0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()

@@ -1,0 +1,104 @@
+"""The switch pipeline: parse -> admission -> slot/bank -> worker bitmap -> combine -> completion
+-> replication, one call per datagram, in the order of the P4 control blocks.
+
+:class:`Pipeline` is I/O-free: a backend calls :meth:`Pipeline.process` with the datagram bytes
+and its source address and gives it a ``send`` function.  It never raises on bad input; every
+datagram it does not accept is counted under ``drop_<reason>`` (see :mod:`.counters`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from homagg.wire import FLAG_RESULT, HEADER_LEN, HEADER_STRUCT, VERSION, WORD_DTYPE
+
+import numpy as np
+
+from . import bitmap, completion, slots
+from .admission import AdmissionTable
+from .combine import combine
+from .counters import Counters
+from .replication import Replicator, SendFn
+
+__all__ = ["Pipeline"]
+
+_unpack = HEADER_STRUCT.unpack_from
+_V = VERSION << 4
+
+
+class Pipeline:
+    def __init__(self, admission: AdmissionTable, send: SendFn, counters: Counters | None = None) -> None:
+        self.admission = admission
+        self.counters = counters if counters is not None else Counters()
+        self.replicator = Replicator(send)
+
+    def process(self, buf: bytes | bytearray | memoryview, n: int, src: tuple[str, int]) -> None:
+        """Run one datagram (``buf[:n]``) from ``src`` through the pipeline."""
+        c = self.counters
+        c["rx"] += 1
+        # parser
+        if n < HEADER_LEN:
+            c.drop("short")
+            return
+        vo, flags, job_id, wid, _res, wc, bs, tag, offset = _unpack(buf, 0)
+        if vo & 0xF0 != _V:
+            c.drop("version")
+            return
+        op = vo & 0x0F
+        if op > 2:
+            c.drop("op")
+            return
+        if wc == 0 or n != HEADER_LEN + 4 * wc:
+            c.drop("length")
+            return
+        if flags & FLAG_RESULT:
+            c.drop("result_flag")
+            return
+        # admission
+        entry = self.admission.by_src.get(src)
+        if entry is None:
+            c.drop("unknown_source")
+            return
+        job, worker_id = entry
+        if job.spec.job_id != job_id or worker_id != wid:
+            c.drop("admission_mismatch")
+            return
+        if wc > job.spec.words_per_packet:
+            c.drop("word_count")
+            return
+        job.packets += 1
+        job.last_seen = time.monotonic()
+        # slot / bank selection
+        i = slots.select(job, bs & 0x7FFF, bs >> 15)
+        if i < 0:
+            c.drop("slot_range")
+            return
+        # worker bitmap
+        key = (tag, offset, op, wc)
+        verdict = bitmap.check(job, i, worker_id, key)
+        if verdict > bitmap.ADD:
+            if verdict == bitmap.ANSWER:
+                c["retransmit_answered"] += 1
+                self.replicator.unicast(job, i, worker_id)
+                c["tx"] += 1
+            elif verdict == bitmap.DUPLICATE:
+                c.drop("duplicate")
+            elif verdict == bitmap.STALE:
+                c.drop("stale")
+            else:
+                c.drop("conflict")
+            return
+        first = verdict == bitmap.FIRST
+        bitmap.mark(job, i, worker_id, first)
+        if first:
+            job.key[i] = key
+        c["accepted"] += 1
+        # combine
+        combine(job.regs[i, :wc], np.frombuffer(buf, dtype=WORD_DTYPE, count=wc, offset=HEADER_LEN), op, first)
+        # completion + replication
+        if completion.count(job, i, first):
+            job.completed += 1
+            c["completed"] += 1
+            before = self.replicator.sent
+            self.replicator.multicast(job, i)
+            c["tx"] += self.replicator.sent - before

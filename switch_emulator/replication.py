@@ -1,0 +1,62 @@
+"""Stage 6, result replication (P4: ``Replicate``: multicast group per job, unicast for answers).
+
+A completed (slot, bank) is sent to every worker of the job (UDP mode: one unicast per worker);
+a retransmission from a worker already counted in a completed bank is answered to that worker
+alone from the stored registers (the shadow copy).  Results carry ``FLAG_RESULT``, the
+recipient's ``worker_id`` and the echoed slot, bank, tag and offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from homagg.wire import FLAG_RESULT, HEADER_LEN, MAX_WORDS_JUMBO, WORD_DTYPE, pack_header_into
+
+from .state import JobState
+
+__all__ = ["Replicator", "SendFn"]
+
+#: ``send(datagram, (ip, port)) -> None``; provided by the I/O backend
+SendFn = Callable[[memoryview, tuple[str, int]], None]
+
+
+class Replicator:
+    """Builds result datagrams in one preallocated buffer and hands them to ``send``."""
+
+    def __init__(self, send: SendFn, egress_drop: Callable[[], bool] | None = None) -> None:
+        self.send = send
+        self.egress_drop = egress_drop
+        self._buf = bytearray(HEADER_LEN + 4 * MAX_WORDS_JUMBO)
+        self._mv = memoryview(self._buf)
+        self._words = np.frombuffer(self._buf, dtype=WORD_DTYPE, offset=HEADER_LEN)
+        self.sent = 0
+        self.dropped = 0
+
+    def _build(self, job: JobState, i: int) -> memoryview:
+        tag, offset, op, wc = job.key[i]  # type: ignore[misc]
+        slot = job.spec.slot_base + (i >> 1)
+        pack_header_into(self._buf, op, FLAG_RESULT, job.job_id, 0, wc, i & 1, slot, tag, offset)
+        self._words[:wc] = job.regs[i, :wc]
+        return self._mv[: HEADER_LEN + 4 * wc]
+
+    def multicast(self, job: JobState, i: int) -> None:
+        dgram = self._build(job, i)
+        for wid, addr in enumerate(job.addrs):
+            if addr is None:
+                continue
+            self._out(dgram, wid, addr)
+
+    def unicast(self, job: JobState, i: int, worker_id: int) -> None:
+        addr = job.addrs[worker_id]
+        if addr is not None:
+            self._out(self._build(job, i), worker_id, addr)
+
+    def _out(self, dgram: memoryview, wid: int, addr: tuple[str, int]) -> None:
+        if self.egress_drop is not None and self.egress_drop():
+            self.dropped += 1
+            return
+        self._buf[4] = wid
+        self.send(dgram, addr)
+        self.sent += 1

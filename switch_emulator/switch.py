@@ -1,0 +1,111 @@
+"""The emulated switch: tables + pipeline + counters + faults, independent of the I/O backend.
+
+Control operations (:meth:`Switch.control`) are what the control server exposes; see
+:mod:`homagg.transport.control` for the protocol.  ``housekeeping`` forgets jobs idle for longer
+than their ``idle_timeout_s`` (their slots are reclaimed).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+from homagg._errors import ConfigError, HomAggError
+from homagg.jobs import JobSpec
+from homagg.wire import VERSION
+
+from .admission import AdmissionTable
+from .counters import Counters
+from .faults import FaultConfig, FaultInjector
+from .pipeline import Pipeline
+from .replication import SendFn
+
+__all__ = ["Switch"]
+
+
+class Switch:
+    def __init__(self, send: SendFn, *, pool_slots: int = 4096, faults: FaultConfig | None = None) -> None:
+        self.counters = Counters()
+        self.admission = AdmissionTable(pool_slots)
+        self.pipeline = Pipeline(self.admission, send, self.counters)
+        self.faults = FaultInjector(faults or FaultConfig(), self.pipeline.process, self.counters)
+        self.pipeline.replicator.egress_drop = self.faults.egress_drop
+        self.data_addr: tuple[str, int] | None = None
+        self.backend = "none"
+        self.started = time.time()
+
+    @property
+    def ingress(self):  # noqa: ANN201 - the function backends call per datagram
+        return self.faults.ingress if self.faults.config.active else self.pipeline.process
+
+    def housekeeping(self) -> None:
+        now = time.monotonic()
+        for job in list(self.admission.jobs.values()):
+            t = job.spec.idle_timeout_s
+            if t is not None and now - job.last_seen > t:
+                self.admission.remove(job.job_id)
+                self.counters["jobs_expired"] += 1
+
+    # -- control plane -------------------------------------------------------------------------
+    def control(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Execute one control request; never raises (errors come back as ``ok: false``)."""
+        try:
+            cmd = req.get("cmd")
+            handler = getattr(self, f"_cmd_{cmd}", None)
+            if handler is None:
+                raise ConfigError(f"unknown control command {cmd!r}")
+            return {"ok": True, **handler(req)}
+        except (HomAggError, KeyError, TypeError, ValueError) as exc:
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+    def _cmd_ping(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"version": VERSION, "data": list(self.data_addr or ()), "backend": self.backend}
+
+    def _cmd_admit(self, req: dict[str, Any]) -> dict[str, Any]:
+        d = dict(req["job"])
+        if d.get("job_id") is None:
+            d["job_id"] = self.admission.free_job_id()
+        d.setdefault("n_slots", 64)
+        auto_base = d.get("slot_base") is None
+        if auto_base:
+            d["slot_base"] = 0
+        spec = JobSpec.from_dict(d)
+        if auto_base:
+            spec = replace(spec, slot_base=self.admission.free_range(spec.n_slots))
+        job = self.admission.admit(spec)
+        self.counters["jobs_admitted"] += 1
+        return {"job": job.spec.to_dict()}
+
+    def _cmd_register(self, req: dict[str, Any]) -> dict[str, Any]:
+        job = self.admission.register(int(req["job_id"]), int(req["worker_id"]), (str(req["ip"]), int(req["port"])))
+        return {"job": job.spec.to_dict()}
+
+    def _cmd_remove(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"removed": self.admission.remove(int(req["job_id"]))}
+
+    def _cmd_status(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "counters": self.counters.snapshot(),
+            "jobs": [j.summary() for j in self.admission.jobs.values()],
+            "faults": self.faults.config.to_dict(),
+            "pool_slots": self.admission.pool_slots,
+            "data": list(self.data_addr or ()),
+            "backend": self.backend,
+            "uptime_s": round(time.time() - self.started, 3),
+        }
+
+    def _cmd_slot(self, req: dict[str, Any]) -> dict[str, Any]:
+        job = self.admission.jobs.get(int(req["job_id"]))
+        if job is None:
+            raise ConfigError(f"job {req['job_id']} is not admitted")
+        return job.slot_status(int(req["slot"]))
+
+    def _cmd_faults(self, req: dict[str, Any]) -> dict[str, Any]:
+        cfg = FaultConfig(**{k: req[k] for k in ("drop", "duplicate", "reorder", "seed") if k in req})
+        self.faults.configure(cfg)
+        return {"faults": cfg.to_dict()}
+
+    def _cmd_reset_counters(self, req: dict[str, Any]) -> dict[str, Any]:
+        self.counters.clear()
+        return {}

@@ -1,18 +1,20 @@
 /* admission.p4: is the packet for the aggregation service, and from an admitted worker?
  *
- * Stage 1 (switch_emulator/admission.py does the same):
+ * Stage 1 (switch_emulator/pipeline.py parser checks + switch_emulator/admission.py):
  *   local_address: the IPv4 destination is one of the switch's service addresses -> meta.to_switch.
  *                  Other homagg-looking packets (e.g. results crossing a leaf switch) are forwarded.
- *   header check:  version, op, no RESULT flag, exactly P4_WORDS words; else DROP_BAD_HEADER.
- *   admission:     (src ip, src udp port, job_id, worker_id) -> the job's configuration
- *                  (slot range, worker count, result multicast group, port towards the worker);
- *                  no entry -> DROP_UNKNOWN_SOURCE.  A direct counter counts each worker's packets.
+ *   header checks: version, op, word_count in 1..P4_WORDS and equal to what the UDP length says,
+ *                  no RESULT flag (drop_version / _op / _length / _result_flag).
+ *   admission:     source (ip, udp port) -> (job, worker) and the job's configuration; no entry:
+ *                  drop_unknown_source; header job/worker differ: drop_admission_mismatch; more words
+ *                  than the job was admitted with: drop_word_count.  A direct counter counts each
+ *                  admitted source's packets.
  */
 #ifndef HOMAGG_ADMISSION_P4
 #define HOMAGG_ADMISSION_P4
 
 control Admission(inout headers_t hdr, inout metadata_t meta) {
-    direct_counter(CounterType.packets_and_bytes) worker_packets;
+    direct_counter(CounterType.packets_and_bytes) source_packets;
 
     action service_address() {
         meta.to_switch = true;
@@ -25,41 +27,56 @@ control Admission(inout headers_t hdr, inout metadata_t meta) {
         size = 16;
     }
 
-    action admit(bit<16> slot_base, bit<16> slot_count, bit<8> num_workers,
-                 bit<16> mcast_grp, bit<9> worker_port) {
-        worker_packets.count();
+    action admit(bit<16> job_id, bit<8> worker_id, bit<16> slot_base, bit<16> n_slots,
+                 bit<8> world_size, bit<16> words_per_packet, bit<16> mcast_grp, bit<9> worker_port) {
+        source_packets.count();
+        meta.job_id = job_id;
+        meta.worker_id = worker_id;
         meta.slot_base = slot_base;
-        meta.slot_count = slot_count;
-        meta.num_workers = num_workers;
+        meta.n_slots = n_slots;
+        meta.world_size = world_size;
+        meta.words_per_packet = words_per_packet;
         meta.mcast_grp = mcast_grp;
         meta.worker_port = worker_port;
     }
 
-    action reject() {
-        worker_packets.count();
+    action unknown_source() {
+        source_packets.count();
         meta.drop_reason = DROP_UNKNOWN_SOURCE;
     }
 
     table admission {
         key = {
-            hdr.ipv4.src_addr     : exact;
-            hdr.udp.src_port      : exact;
-            hdr.homagg.job_id     : exact;
-            hdr.homagg.worker_id  : exact;
+            hdr.ipv4.src_addr : exact;
+            hdr.udp.src_port  : exact;
         }
-        actions = { admit; @defaultonly reject; }
-        const default_action = reject();
-        counters = worker_packets;
+        actions = { admit; @defaultonly unknown_source; }
+        const default_action = unknown_source();
+        counters = source_packets;
         size = ADMISSION_ENTRIES;
     }
 
     apply {
         if (local_address.apply().hit) {
-            if (hdr.homagg.version != HOMAGG_VERSION || hdr.homagg.op > OP_MAX
-                    || (hdr.homagg.flags & FLAG_RESULT) != 0 || !hdr.payload.isValid()) {
-                meta.drop_reason = DROP_BAD_HEADER;
+            if (hdr.homagg.version != HOMAGG_VERSION) {
+                meta.drop_reason = DROP_VERSION;
+            } else if (hdr.homagg.op > OP_MAX) {
+                meta.drop_reason = DROP_OP;
+            } else if (hdr.homagg.word_count == 0 || hdr.homagg.word_count > P4_WORDS
+                       || hdr.udp.length != 8 + HEADER_LEN + (hdr.homagg.word_count << 2)
+                       || hdr.ipv4.total_len != 20 + hdr.udp.length) {
+                meta.drop_reason = DROP_LENGTH;
+            } else if ((hdr.homagg.flags & FLAG_RESULT) != 0) {
+                meta.drop_reason = DROP_RESULT_FLAG;
             } else {
                 admission.apply();
+                if (meta.drop_reason == DROP_NONE) {
+                    if (meta.job_id != hdr.homagg.job_id || meta.worker_id != hdr.homagg.worker_id) {
+                        meta.drop_reason = DROP_ADMISSION_MISMATCH;
+                    } else if (hdr.homagg.word_count > meta.words_per_packet) {
+                        meta.drop_reason = DROP_WORD_COUNT;
+                    }
+                }
             }
         }
     }

@@ -22,8 +22,7 @@ const bit<32> MAX_SLOTS         = 32768;   /* [wire] 2**15: slot field width */
 /* ---- resources of this program ---- */
 const bit<32> SLOT_POOL_SIZE    = 1024;    /* slots in the switch's pool (jobs own ranges of it) */
 const bit<32> POOL_CELLS        = 2048;    /* = 2 * SLOT_POOL_SIZE: one cell per (slot, bank) */
-const bit<32> MAX_JOBS          = 256;     /* admitted jobs at a time; also the job counter size */
-const bit<32> ADMISSION_ENTRIES = 4096;    /* = MAX_JOBS * MAX_WORKERS / 2 */
+const bit<32> ADMISSION_ENTRIES = 4096;    /* admitted worker source addresses, all jobs */
 const bit<32> FORWARD_ENTRIES   = 1024;    /* L2 forwarding table size */
 
 /* ---- results leave the switch with these header values ---- */
@@ -34,14 +33,29 @@ const bit<3>  RESULT_IP_FLAGS   = 0b010;   /* don't fragment */
 const bit<16> ETHERTYPE_IPV4    = 0x0800;
 const bit<8>  IPPROTO_UDP       = 17;
 
-/* ---- drop reasons: index of the drop_reasons counter (the emulator counts the same) ---- */
-const bit<32> DROP_NONE          = 0;
-const bit<32> DROP_BAD_HEADER    = 1;      /* version, op, flags or word_count not acceptable */
-const bit<32> DROP_UNKNOWN_SOURCE = 2;     /* (src ip, src port, job, worker) not admitted */
-const bit<32> DROP_BAD_SLOT      = 3;      /* slot outside the job's range */
-const bit<32> DROP_DUPLICATE     = 4;      /* seen already, slot not yet complete */
-const bit<32> DROP_CONSUMED      = 5;      /* contribution absorbed, slot not yet complete */
-const bit<32> DROP_REASONS       = 8;      /* size of the drop_reasons counter */
+/* ---- verdicts of the worker bitmap stage (switch_emulator/bitmap.py) ---- */
+const bit<8>  VERDICT_FIRST     = 0;       /* first contribution of a new use of the (slot, bank) */
+const bit<8>  VERDICT_ADD       = 1;       /* a further contribution to the use in progress */
+const bit<8>  VERDICT_ANSWER    = 2;       /* already counted, use complete: unicast the result */
+const bit<8>  VERDICT_DUPLICATE = 3;       /* already counted, use not complete: drop */
+const bit<8>  VERDICT_STALE     = 4;       /* late copy of a completed use: drop */
+const bit<8>  VERDICT_CONFLICT  = 5;       /* new contribution whose key differs: drop */
+
+/* ---- drop reasons: index of the drop_reasons counter; names as the emulator's drop_<reason> ---- */
+const bit<32> DROP_NONE               = 0;
+const bit<32> DROP_VERSION            = 1;
+const bit<32> DROP_OP                 = 2;
+const bit<32> DROP_LENGTH             = 3;   /* word_count 0 / > P4_WORDS, or lengths disagree */
+const bit<32> DROP_RESULT_FLAG        = 4;
+const bit<32> DROP_UNKNOWN_SOURCE     = 5;
+const bit<32> DROP_ADMISSION_MISMATCH = 6;   /* header job/worker differ from the admitted source */
+const bit<32> DROP_WORD_COUNT         = 7;   /* more words than the job was admitted with */
+const bit<32> DROP_SLOT_RANGE         = 8;
+const bit<32> DROP_DUPLICATE          = 9;
+const bit<32> DROP_STALE              = 10;
+const bit<32> DROP_CONFLICT           = 11;
+const bit<32> DROP_CONSUMED           = 12;  /* not an error: absorbed, use not complete yet */
+const bit<32> DROP_REASONS            = 16;  /* size of the drop_reasons counter */
 
 /* Multicast groups: the job's result group is chosen by the controller (one per job);
  * FLOOD_GROUP replicates broadcast frames (ARP) to every port. */

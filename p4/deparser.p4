@@ -20,7 +20,7 @@ control HomaggDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.ipv4);
         pkt.emit(hdr.udp);
         pkt.emit(hdr.homagg);
-        pkt.emit(hdr.payload);
+        pkt.emit(hdr.words);
     }
 }
 

@@ -15,7 +15,7 @@
  * +---------------------------------------------------------------+
  * |                 payload: word_count x int32                   |
  *
- * This target accepts exactly word_count == P4_WORDS (32) words.
+ * This target accepts 1 <= word_count <= P4_WORDS (32) words.
  */
 #ifndef HOMAGG_HEADERS_P4
 #define HOMAGG_HEADERS_P4
@@ -62,16 +62,9 @@ header homagg_t {
     bit<32> offset;
 }
 
-/* K = P4_WORDS = 32 payload words, w00 .. w31 (int32 in two's complement). */
-header payload_t {
-    bit<32> w00; bit<32> w01; bit<32> w02; bit<32> w03;
-    bit<32> w04; bit<32> w05; bit<32> w06; bit<32> w07;
-    bit<32> w08; bit<32> w09; bit<32> w10; bit<32> w11;
-    bit<32> w12; bit<32> w13; bit<32> w14; bit<32> w15;
-    bit<32> w16; bit<32> w17; bit<32> w18; bit<32> w19;
-    bit<32> w20; bit<32> w21; bit<32> w22; bit<32> w23;
-    bit<32> w24; bit<32> w25; bit<32> w26; bit<32> w27;
-    bit<32> w28; bit<32> w29; bit<32> w30; bit<32> w31;
+/* One int32 payload word; a packet carries word_count of them (1 .. P4_WORDS). */
+header word_t {
+    bit<32> value;
 }
 
 struct headers_t {
@@ -79,25 +72,30 @@ struct headers_t {
     ipv4_t     ipv4;
     udp_t      udp;
     homagg_t   homagg;
-    payload_t  payload;
+    word_t[32] words;        /* P4_WORDS */
 }
 
 /* Invariants: drop_reason == DROP_NONE while a packet is still being aggregated; cell and
- * other_cell are 2*slot+bank and 2*slot+(1-bank), valid only after slot_select. */
+ * other_cell are 2*slot+bank and 2*slot+(1-bank), valid only after slot_select; count is the
+ * cell's contribution count as read before this packet (after it, in completion). */
 struct metadata_t {
-    bool    to_switch;       /* addressed to the aggregation service (admission's first check) */
+    bool    to_switch;       /* addressed to the aggregation service */
     bit<32> drop_reason;     /* DROP_* */
-    bit<16> slot_base;       /* the job's slot range [slot_base, slot_base + slot_count) */
-    bit<16> slot_count;
-    bit<8>  num_workers;     /* contributions that complete a cell */
+    bit<16> words_left;      /* parser loop counter */
+    bit<16> job_id;          /* admitted source's job and worker */
+    bit<8>  worker_id;
+    bit<16> slot_base;       /* the job's slot range [slot_base, slot_base + n_slots) */
+    bit<16> n_slots;
+    bit<8>  world_size;      /* contributions that complete a cell */
+    bit<16> words_per_packet;
     bit<16> mcast_grp;       /* the job's result multicast group */
     bit<9>  worker_port;     /* egress port towards the sending worker (unicast answers) */
     bit<32> cell;
     bit<32> other_cell;
-    bool    is_new;          /* first contribution of this worker to this cell */
-    bool    first;           /* ... and the first of any worker: overwrite instead of combine */
-    bool    complete;        /* the cell holds the result of all num_workers workers */
-    bool    unicast;         /* answer only the sender (retransmission into a complete cell) */
+    bit<8>  count;
+    bit<8>  verdict;         /* VERDICT_* */
+    bool    complete;        /* this packet completed the cell (FIRST/ADD), or it was (ANSWER) */
+    bool    unicast;         /* answer only the sender */
 }
 
 #endif

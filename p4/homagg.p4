@@ -3,10 +3,11 @@
  * This top file only includes.  The pipeline is laid out like SwitchML's and like the Python switch
  * emulator (switch_emulator/), block by block:
  *
- *   parser.p4        Ethernet / IPv4 / UDP(dst 18497) / homagg header / 32 x int32 words
- *   admission.p4     (dst ip) is the switch's; (src ip, src port, job, worker) -> job config
+ *   parser.p4        Ethernet / IPv4 / UDP(dst 18497) / homagg header / 1..32 x int32 words
+ *   state.p4         registers: per (slot, bank) cell worker bitmap, count, key, 32 words
+ *   admission.p4     (dst ip) is the switch's; (src ip, src port) -> job, worker, job config
  *   slot_select.p4   slot inside the job's range; register cell = 2*slot + bank
- *   worker_bitmap.p4 first contribution of this worker to this cell? clear it in the other bank
+ *   worker_bitmap.p4 verdict FIRST / ADD / ANSWER / DUPLICATE / STALE / CONFLICT
  *   counter.p4       completion count per cell; complete when it reaches the job's worker count
  *   combine.p4       first write, then ADD (wrapping) / OR / MAX (signed) into the cell's words
  *   replicate.p4     multicast the result to the job's workers, or unicast a stored result to a
@@ -24,6 +25,7 @@
 #include "configuration.p4"
 #include "headers.p4"
 #include "parser.p4"
+#include "state.p4"
 #include "admission.p4"
 #include "slot_select.p4"
 #include "worker_bitmap.p4"

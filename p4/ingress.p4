@@ -1,6 +1,7 @@
 /* ingress.p4: the ingress pipeline, block by block in the emulator's stage order.
  *
- * admission -> slot_select -> worker_bitmap -> counter -> combine -> replicate; a stage that
+ * admission -> slot_select -> worker_bitmap -> counter -> combine -> replicate (the emulator
+ * combines before it counts; both only act on FIRST/ADD verdicts, so the order is immaterial); a stage that
  * decides to drop sets meta.drop_reason and later stages are skipped (replicate counts the drop).
  * Packets not addressed to the aggregation service take the ordinary forwarding path.
  */

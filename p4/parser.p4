@@ -1,8 +1,8 @@
-/* parser.p4: Ethernet / IPv4 (no options) / UDP / homagg header / 32 payload words.
+/* parser.p4: Ethernet / IPv4 (no options) / UDP / homagg header / 1..32 payload words.
  *
  * A UDP datagram is taken as homagg's only if its destination port is HOMAGG_UDP_PORT; its payload
- * words are extracted only if word_count == P4_WORDS, so a homagg header without a valid payload
- * header means "wrong word count" (dropped by admission when addressed to the switch, forwarded
+ * words are extracted one by one into the words[] stack when 1 <= word_count <= P4_WORDS; other
+ * counts leave words[] empty (dropped by admission when addressed to the switch, forwarded
  * untouched otherwise).  Anything else is left unparsed and forwarded by forward.p4.
  */
 #ifndef HOMAGG_PARSER_P4
@@ -36,15 +36,23 @@ parser HomaggParser(packet_in pkt, out headers_t hdr, inout metadata_t meta,
 
     state parse_homagg {
         pkt.extract(hdr.homagg);
+        meta.words_left = hdr.homagg.word_count;
         transition select(hdr.homagg.word_count) {
-            P4_WORDS: parse_payload;
-            default: accept;
+            0: accept;                      /* no words: admission drops it */
+            0 &&& 0xFFE0: parse_words;      /* 1 .. 31 */
+            P4_WORDS: parse_words;          /* 32 */
+            default: accept;                /* too many words: admission drops it */
         }
     }
 
-    state parse_payload {
-        pkt.extract(hdr.payload);
-        transition accept;
+    /* word_count words into the header stack; an early end of packet leaves words invalid. */
+    state parse_words {
+        pkt.extract(hdr.words.next);
+        meta.words_left = meta.words_left - 1;
+        transition select(meta.words_left) {
+            0: accept;
+            default: parse_words;
+        }
     }
 }
 

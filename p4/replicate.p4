@@ -1,17 +1,16 @@
 /* replicate.p4: send a result to the job's workers (ingress decision + egress rewrite).
  *
- * Ingress (Replicate):
- *   new contribution that completed its cell -> multicast to the job's group (one replica per
- *                                               worker, replication id = worker_id)
- *   retransmission into a complete cell      -> unicast the stored result back to that worker
- *   new contribution, cell not complete      -> absorbed (DROP_CONSUMED)
- *   duplicate, cell not complete             -> DROP_DUPLICATE
- *   anything flagged earlier                 -> dropped with its reason
+ * Stage 6 (switch_emulator/replication.py).  Ingress (Replicate), by verdict:
+ *   FIRST/ADD that completed the cell -> multicast to the job's group (one replica per registered
+ *                                        worker, replication id = worker_id, in worker order)
+ *   FIRST/ADD, cell not complete      -> absorbed (DROP_CONSUMED)
+ *   ANSWER                            -> unicast the stored result back to the sender
+ *   DUPLICATE / STALE / CONFLICT      -> dropped with that reason; earlier stages' drops too
  *   Every drop is counted in drop_reasons[reason].
  *
  * Egress (HomaggEgress): each copy is rewritten for its destination worker from result_rewrite
  *   (job_id, worker) -> switch MAC/IP, worker MAC/IP/UDP port.  Results leave with
- *   flags = FLAG_RESULT, worker_id = the destination worker, UDP source port HOMAGG_UDP_PORT,
+ *   flags = FLAG_RESULT, reserved = 0, worker_id = the destination worker, UDP source port HOMAGG_UDP_PORT,
  *   UDP checksum 0, IPv4 identification 0, DF, TTL RESULT_TTL (checksum recomputed in deparser.p4).
  *   A copy without a rewrite entry is dropped.  Forwarded frames never leave through their ingress
  *   port (flooding prunes it; L2 switches do not hairpin).
@@ -25,17 +24,21 @@ control Replicate(inout headers_t hdr, inout metadata_t meta,
 
     apply {
         if (meta.drop_reason == DROP_NONE) {
-            if (meta.complete) {
-                if (meta.is_new) {
+            if (meta.verdict == VERDICT_FIRST || meta.verdict == VERDICT_ADD) {
+                if (meta.complete) {
                     standard_metadata.mcast_grp = meta.mcast_grp;
                 } else {
-                    meta.unicast = true;
-                    standard_metadata.egress_spec = meta.worker_port;
+                    meta.drop_reason = DROP_CONSUMED;
                 }
-            } else if (meta.is_new) {
-                meta.drop_reason = DROP_CONSUMED;
-            } else {
+            } else if (meta.verdict == VERDICT_ANSWER) {
+                meta.unicast = true;
+                standard_metadata.egress_spec = meta.worker_port;
+            } else if (meta.verdict == VERDICT_DUPLICATE) {
                 meta.drop_reason = DROP_DUPLICATE;
+            } else if (meta.verdict == VERDICT_STALE) {
+                meta.drop_reason = DROP_STALE;
+            } else {
+                meta.drop_reason = DROP_CONFLICT;
             }
         }
         if (meta.drop_reason != DROP_NONE) {
@@ -64,6 +67,7 @@ control HomaggEgress(inout headers_t hdr, inout metadata_t meta,
         hdr.udp.dst_port = worker_port;
         hdr.udp.checksum = 0;
         hdr.homagg.flags = FLAG_RESULT;
+        hdr.homagg.reserved = 0;
     }
 
     action drop_copy() {

@@ -1,32 +1,58 @@
-/* worker_bitmap.p4: has this worker contributed to this cell already?
+/* worker_bitmap.p4: duplicate, retransmission and stale-copy detection.
  *
- * worker_bitmap[cell] holds one bit per worker that contributed to the cell's current round.
- * A new contribution sets the worker's bit in its cell and clears it in the other bank's cell
- * (the worker got that bank's result, or it would not have moved on).  Hence, with SwitchML's
- * self-clocking (a worker reuses a slot only after it received the slot's previous result), a
- * cell's bitmap is empty exactly when a new round starts in it: the first contribution
- * overwrites the cell's words instead of combining with stale ones.
+ * Stage 3 (switch_emulator/bitmap.py, same verdicts).  A packet of worker w with key
+ * k = (offset, tag, op, word_count) at a cell with bitmap bm, count c, stored key sk:
+ *   w in bm:              ANSWER if complete and k == sk, else DUPLICATE
+ *   c == 0 or complete:   STALE if bm != 0 or k == sk, else FIRST
+ *   otherwise:            ADD if k == sk, else CONFLICT
+ * (k == sk is false while c == 0: the cell was never used.)  FIRST and ADD mark w: set its bit in
+ * this cell and clear it in the other bank's cell (w sending here proves it has the other bank's
+ * result: SwitchML's shadow copy).  FIRST also stores k.
  */
 #ifndef HOMAGG_WORKER_BITMAP_P4
 #define HOMAGG_WORKER_BITMAP_P4
 
 control WorkerBitmap(inout headers_t hdr, inout metadata_t meta) {
-    register<bit<32>>(POOL_CELLS) worker_bitmap;
-
     apply {
         bit<32> mine = (bit<32>) 1 << hdr.homagg.worker_id;
-        bit<32> seen;
-        worker_bitmap.read(seen, meta.cell);
-        if ((seen & mine) == 0) {
-            meta.is_new = true;
-            meta.first = (seen == 0);
-            worker_bitmap.write(meta.cell, seen | mine);
+        bit<32> bm;
+        bit<64> stored;
+        worker_bitmap.read(bm, meta.cell);
+        contributions.read(meta.count, meta.cell);
+        use_key.read(stored, meta.cell);
+        bit<64> key = hdr.homagg.offset ++ hdr.homagg.tag ++ (bit<8>) hdr.homagg.op
+                      ++ (bit<8>) hdr.homagg.word_count;
+        bool same_key = meta.count != 0 && stored == key;
+        bool complete = meta.count == meta.world_size;
+
+        if ((bm & mine) != 0) {
+            if (complete && same_key) {
+                meta.verdict = VERDICT_ANSWER;
+            } else {
+                meta.verdict = VERDICT_DUPLICATE;
+            }
+        } else if (meta.count == 0 || complete) {
+            if (bm != 0 || same_key) {
+                meta.verdict = VERDICT_STALE;
+            } else {
+                meta.verdict = VERDICT_FIRST;
+            }
+        } else if (same_key) {
+            meta.verdict = VERDICT_ADD;
+        } else {
+            meta.verdict = VERDICT_CONFLICT;
+        }
+
+        if (meta.verdict == VERDICT_FIRST || meta.verdict == VERDICT_ADD) {
+            worker_bitmap.write(meta.cell, bm | mine);
             bit<32> other;
             worker_bitmap.read(other, meta.other_cell);
             worker_bitmap.write(meta.other_cell, other & ~mine);
-        } else {
-            meta.is_new = false;
-            meta.first = false;
+            if (meta.verdict == VERDICT_FIRST) {
+                use_key.write(meta.cell, key);
+            }
+        } else if (meta.verdict == VERDICT_ANSWER) {
+            meta.complete = true;
         }
     }
 }

@@ -60,10 +60,10 @@ def test_field_widths_hold_the_constants() -> None:
 def test_header_length_and_payload() -> None:
     fields = header_fields("homagg_t")
     assert sum(b for _, b in fields) == 8 * wire.HEADER_LEN
-    payload = header_fields("payload_t")
-    assert len(payload) == wire.P4_WORDS
-    assert all(b == 32 for _, b in payload), "payload words are int32"
-    assert [n for n, _ in payload] == [f"w{i:02d}" for i in range(wire.P4_WORDS)]
+    assert header_fields("word_t") == [("value", 32)], "payload words are int32"
+    src = strip_comments((P4_DIR / "headers.p4").read_text())
+    m = re.search(r"\bword_t\[(\d+)\]\s+words\s*;", src)
+    assert m and int(m.group(1)) == wire.P4_WORDS
     assert sum(b for _, b in header_fields("ethernet_t")) == 14 * 8
     assert sum(b for _, b in header_fields("ipv4_t")) == 20 * 8
     assert sum(b for _, b in header_fields("udp_t")) == 8 * 8
@@ -102,20 +102,22 @@ def test_resources_consistent() -> None:
     c = p4_constants()
     assert c["POOL_CELLS"].value == 2 * c["SLOT_POOL_SIZE"].value
     assert c["SLOT_POOL_SIZE"].value <= wire.MAX_SLOTS
-    assert c["ADMISSION_ENTRIES"].value >= c["MAX_JOBS"].value
+    assert c["ADMISSION_ENTRIES"].value >= wire.MAX_WORKERS
     # the per-cell worker bitmap register is MAX_WORKERS bits wide
-    src = strip_comments((P4_DIR / "worker_bitmap.p4").read_text())
+    src = strip_comments((P4_DIR / "state.p4").read_text())
     m = re.search(r"register<bit<(\d+)>>\(POOL_CELLS\)\s+worker_bitmap", src)
     assert m and int(m.group(1)) == wire.MAX_WORKERS
     # the contribution counter can count to MAX_WORKERS
-    src = strip_comments((P4_DIR / "counter.p4").read_text())
     m = re.search(r"register<bit<(\d+)>>\(POOL_CELLS\)\s+contributions", src)
     assert m and 2 ** int(m.group(1)) > wire.MAX_WORKERS
-    # the payload words are stored in P4_WORDS registers of 32 bits
-    src = strip_comments((P4_DIR / "combine.p4").read_text())
+    # the use key holds offset ++ tag ++ op ++ word_count (8 bits each for op and word_count)
+    m = re.search(r"register<bit<(\d+)>>\(POOL_CELLS\)\s+use_key", src)
+    assert m and int(m.group(1)) == 32 + 16 + 8 + 8 and wire.P4_WORDS < 256
+    # the payload words are stored in P4_WORDS registers of 32 bits, one per header-stack index
     words = re.search(r"#define FOR_EACH_WORD\(X\)(.*?)\n\s*\n", src, re.S)
     assert words is not None
-    assert re.findall(r"X\((\d+)\)", words.group(1)) == [f"{i:02d}" for i in range(wire.P4_WORDS)]
+    pairs = re.findall(r"X\((\d+), (\d+)\)", words.group(1))
+    assert pairs == [(f"{i:02d}", str(i)) for i in range(wire.P4_WORDS)]
     assert math.log2(c["SLOT_POOL_SIZE"].value).is_integer()
 
 
@@ -124,5 +126,5 @@ def test_top_file_only_includes() -> None:
     code = re.sub(r"#include[^\n]*", "", src)
     assert not re.search(r"\b(control|parser|action|table|header|struct)\b", code), "top file holds only includes"
     for block in ("admission", "slot_select", "worker_bitmap", "counter", "combine", "replicate",
-                  "forward", "deparser", "parser", "headers", "configuration", "ingress"):
+                  "forward", "deparser", "parser", "headers", "configuration", "ingress", "state"):
         assert f'#include "{block}.p4"' in src

@@ -1,0 +1,34 @@
+/* state.p4: the switch's registers, one cell per (slot, bank) (switch_emulator/state.py).
+ *
+ * cell = 2 * slot + bank (slot absolute in the pool).  For each cell:
+ *   worker_bitmap[cell]  workers counted in the current use of the cell (bit worker_id)
+ *   contributions[cell]  contributions so far: 0 (never used since the job was admitted)
+ *                        .. world_size (complete; stays so until the next use's first write)
+ *   use_key[cell]        key of the current use: offset(32) ++ tag(16) ++ op(8) ++ word_count(8)
+ *   pool_wNN[cell]       payload word NN of the combined result (NN = 00 .. 31)
+ * The controller zeroes a job's cells when it admits or removes the job.
+ */
+#ifndef HOMAGG_STATE_P4
+#define HOMAGG_STATE_P4
+
+/* X(NN, I): register name suffix NN, header stack index I, for the P4_WORDS payload words. */
+#define FOR_EACH_WORD(X) \
+    X(00, 0) X(01, 1) X(02, 2) X(03, 3) \
+    X(04, 4) X(05, 5) X(06, 6) X(07, 7) \
+    X(08, 8) X(09, 9) X(10, 10) X(11, 11) \
+    X(12, 12) X(13, 13) X(14, 14) X(15, 15) \
+    X(16, 16) X(17, 17) X(18, 18) X(19, 19) \
+    X(20, 20) X(21, 21) X(22, 22) X(23, 23) \
+    X(24, 24) X(25, 25) X(26, 26) X(27, 27) \
+    X(28, 28) X(29, 29) X(30, 30) X(31, 31)
+
+
+register<bit<32>>(POOL_CELLS) worker_bitmap;
+register<bit<8>>(POOL_CELLS)  contributions;
+register<bit<64>>(POOL_CELLS) use_key;
+
+#define DECLARE_WORD(N, I) register<bit<32>>(POOL_CELLS) pool_w##N;
+FOR_EACH_WORD(DECLARE_WORD)
+#undef DECLARE_WORD
+
+#endif

@@ -11,6 +11,8 @@ Invariants
   ``get_future().wait()`` and from every chained callback (DDP's reducer): never swallowed.
   ``torch.futures.Future.set_exception`` is not used because C++ sees it as a value; instead the
   base future carries the exception object and a ``then`` stage re-raises it.
+* :meth:`HomaggWork.wait_settled` returns only after every callback chained on the work's future
+  ran (nested collectives included), which is what the backward guard of the process group needs.
 * Every wait is bounded: :meth:`HomaggWork.wait` by its timeout, :meth:`FifoWorker.close` by its
   join timeout; queued tasks that never ran are failed when the worker closes.
 """
@@ -25,7 +27,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .._errors import HomAggError, SwitchTimeoutError, TransportError
+from .._errors import SwitchTimeoutError, TransportError
 
 __all__ = ["HomaggWork", "FifoWorker", "TaskResult"]
 
@@ -47,6 +49,7 @@ class HomaggWork(dist._Work):
         self.op = op
         self._timeout_s = timeout_s
         self._done = threading.Event()
+        self._settled = threading.Event()  # set once every chained callback has run
         self._exc: BaseException | None = None
         self._result: TaskResult = []
         self._base: torch.futures.Future = torch.futures.Future()
@@ -59,7 +62,17 @@ class HomaggWork(dist._Work):
         self._exc = exc
         self._result = result if result is not None else []
         self._done.set()
-        self._base.set_result(exc if exc is not None else self._result)
+        try:
+            self._base.set_result(exc if exc is not None else self._result)
+        finally:
+            self._settled.set()
+
+    def wait_settled(self, timeout_s: float) -> None:
+        """Wait (bounded) until done and every chained callback ran; raise the task's error."""
+        if not self._settled.wait(timeout_s):
+            raise SwitchTimeoutError(f"homagg {self.op}: not completed within {timeout_s:.1f}s")
+        if self._exc is not None:
+            raise self._exc
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         """Block until done (bounded); raise the task's typed error if it failed."""
@@ -95,8 +108,11 @@ class HomaggWork(dist._Work):
 class FifoWorker:
     """One daemon thread running a group's collectives in submission order."""
 
-    def __init__(self, name: str, timeout_s: float) -> None:
+    def __init__(
+        self, name: str, timeout_s: float, on_error: Callable[[BaseException], None] | None = None
+    ) -> None:
         self._timeout_s = timeout_s
+        self._on_error = on_error
         self._cond = threading.Condition()
         self._queue: collections.deque[tuple[Callable[[], TaskResult], HomaggWork]] = collections.deque()
         self._closed = False
@@ -130,13 +146,12 @@ class FifoWorker:
                 fn, work = self._queue.popleft()
             self._run(fn, work)
 
-    @staticmethod
-    def _run(fn: Callable[[], TaskResult], work: HomaggWork) -> None:
+    def _run(self, fn: Callable[[], TaskResult], work: HomaggWork) -> None:
         try:
             result = fn()
-        except HomAggError as exc:
-            work._complete(None, exc)
-        except Exception as exc:  # noqa: BLE001 - delivered to the waiter, not swallowed
+        except Exception as exc:  # noqa: BLE001 - delivered to the waiter (and on_error), not swallowed
+            if self._on_error is not None:
+                self._on_error(exc)
             work._complete(None, exc)
         else:
             work._complete(result)

@@ -1,0 +1,281 @@
+"""``ProcessGroupHomagg``: the ``torch.distributed`` process group named ``homagg``.
+
+A thin adapter.  Float SUM/AVG and int32/int64 SUM allreduces of dense tensors go through the homagg
+codec (:func:`homagg.allreduce`) and the group's switch port; broadcast, allgather,
+``all_gather_single`` (``all_gather_into_tensor``), barrier and every allreduce the codec does not
+take (MAX/MIN/PRODUCT/BAND..., sparse tensors, other dtypes) run on a private gloo group.  All of
+these run on the group's :class:`~homagg.torch._work.FifoWorker`, in call order on every rank.
+Every other op (reduce, gather, scatter, all_to_all, send/recv, reduce_scatter, coalesced and
+functional collectives) is routed by torch's dispatcher to a *second* gloo group registered as the
+group's CPU (and CUDA) backend; two gloo groups keep the worker thread's calls and the caller
+thread's calls from interleaving differently on different ranks.
+
+Errors: the first failed collective makes the group unusable (ranks may be out of step): later
+collectives raise that same typed error at once.  Collectives issued during backward (DDP) are
+checked by a final autograd callback so that ``loss.backward()`` raises the typed homagg error
+rather than the RuntimeError a C++ future would make of it.
+
+Invariants: after :meth:`shutdown` no thread of this group is alive (bounded join), the switch port
+and the private gloo group are released, and later collectives raise
+:class:`~homagg.TransportError`.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import PrefixStore, ProcessGroup
+
+from .._errors import InputError, TransportError
+from ._config import BackendConfig
+from ._switch_setup import SwitchLink, open_switch
+from ._work import FifoWorker, HomaggWork, TaskResult
+
+__all__ = ["ProcessGroupHomagg", "CODEC_FLOAT_DTYPES", "CODEC_INT_DTYPES"]
+
+CODEC_FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
+CODEC_INT_DTYPES = frozenset({torch.int32, torch.int64})
+
+_LIVE: weakref.WeakSet[ProcessGroupHomagg] = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+def _reduce_op(opts: Any) -> Any:
+    """The ``RedOpType`` of ``opts`` (AllreduceOptions, ReduceOp, RedOpType or None for SUM).
+
+    ``ReduceOp`` objects compare equal to ``RedOpType`` values one way only, so normalise first.
+    """
+    op = opts.reduceOp if isinstance(opts, dist.AllreduceOptions) else opts
+    if op is None:
+        return dist.ReduceOp.SUM
+    return getattr(op, "op", op)
+
+
+def _as_options(opts: Any) -> dist.AllreduceOptions:
+    if isinstance(opts, dist.AllreduceOptions):
+        return opts
+    out = dist.AllreduceOptions()
+    out.reduceOp = dist.ReduceOp(_reduce_op(opts))
+    return out
+
+
+class ProcessGroupHomagg(ProcessGroup):
+    """The ``homagg`` backend; created by ``init_process_group("homagg")`` / ``new_group``."""
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        config: BackendConfig,
+        group_id: str = "",
+    ) -> None:
+        super().__init__(rank, size)
+        import homagg  # the codec; imported here, not at module import (entry-point safety)
+
+        self._allreduce_fn = homagg.allreduce
+        self._codec = homagg.CodecConfig.from_options(dict(config.codec))
+        self.config = config.capped(timeout.total_seconds())
+        self._group_name = ""
+        self._group_desc = ""
+        self._closed = False
+        # delegate: ops torch dispatches to the backend (caller's thread); private: the worker's.
+        self._delegate = dist.ProcessGroupGloo(PrefixStore("homagg/delegate/", store), rank, size, timeout)
+        self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, self._delegate)
+        if torch.cuda.is_available():
+            self._register_backend(torch.device("cuda"), ProcessGroup.BackendType.GLOO, self._delegate)
+        self._private: dist.ProcessGroup | None = dist.ProcessGroupGloo(
+            PrefixStore("homagg/private/", store), rank, size, timeout
+        )
+        self._wait_s = timeout.total_seconds() + 5.0
+        self._broken: BaseException | None = None  # sticky: first failed collective
+        self._guards: dict[int, list[HomaggWork]] = {}  # backward graph task id -> its works
+        self._guard_lock = threading.Lock()
+        self._worker = FifoWorker(f"homagg-pg{group_id or ''}-r{rank}", self._wait_s, on_error=self._note_failure)
+        self._link: SwitchLink | None = None
+        try:
+            self._link = open_switch(
+                self.config, store, rank, size, self._private, group_id, timeout.total_seconds()
+            )
+        except BaseException:
+            self._release()
+            raise
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+
+    # ------------------------------------------------------------------ identity
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return "homagg"
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    @property
+    def switch(self) -> SwitchLink:
+        """The switch this group aggregates through (port, address, job; owned emulator if any)."""
+        if self._link is None:
+            raise TransportError("homagg process group is shut down")
+        return self._link
+
+    # ------------------------------------------------------------------ accelerated
+    def allreduce(self, tensors: Sequence[torch.Tensor] | torch.Tensor, opts: Any = None) -> HomaggWork:
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        op = _reduce_op(opts)
+        if self._codec_takes(tensors, op):
+            return self._submit("allreduce", lambda: self._codec_allreduce(tensors, op))
+        if op == dist.ReduceOp.AVG:
+            dtypes = sorted({str(t.dtype) for t in tensors})
+            raise InputError(f"homagg: ReduceOp.AVG needs dense floating-point tensors, got {dtypes}")
+        gloo_opts = _as_options(opts)
+        return self._submit("allreduce", lambda: self._gloo(lambda g: g.allreduce(tensors, gloo_opts), tensors))
+
+    def _codec_takes(self, tensors: list[torch.Tensor], op: Any) -> bool:
+        if not (op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG):
+            return False
+        for t in tensors:
+            if t.layout != torch.strided:
+                return False
+            if t.dtype in CODEC_INT_DTYPES:
+                if op != dist.ReduceOp.SUM:
+                    return False
+            elif t.dtype not in CODEC_FLOAT_DTYPES:
+                return False
+        return True
+
+    def _codec_allreduce(self, tensors: list[torch.Tensor], op: Any) -> TaskResult:
+        port = self.switch.port
+        for t in tensors:
+            out = self._allreduce_fn(t, port, scheme=self.config.scheme, config=self._codec)
+            if op == dist.ReduceOp.AVG:
+                out = out.div_(self.size())
+            t.copy_(out)
+        return tensors
+
+    # ------------------------------------------------------------------ delegated on the worker
+    def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> HomaggWork:
+        tensors = list(tensors)
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        return self._submit("broadcast", lambda: self._gloo(lambda g: g.broadcast(tensors, opts), tensors))
+
+    def allgather(
+        self, output_tensors: Sequence[Sequence[torch.Tensor]], input_tensors: Sequence[torch.Tensor], opts: Any = None
+    ) -> HomaggWork:
+        outs = [list(o) for o in output_tensors]
+        ins = list(input_tensors)
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        flat = [t for o in outs for t in o]
+        return self._submit("allgather", lambda: self._gloo(lambda g: g.allgather(outs, ins, opts), flat))
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> HomaggWork:  # noqa: A002
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        return self._submit("all_gather_single", lambda: self._gloo(lambda g: g._allgather_base(output, input, opts), [output]))
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> HomaggWork:  # noqa: A002
+        return self.all_gather_single(output, input, opts)
+
+    def barrier(self, opts: Any = None) -> HomaggWork:
+        opts = opts if opts is not None else dist.BarrierOptions()
+        return self._submit("barrier", lambda: self._gloo(lambda g: g.barrier(opts), []))
+
+    # ------------------------------------------------------------------ plumbing
+    def _submit(self, op: str, fn: Any) -> HomaggWork:
+        if self._closed:
+            raise TransportError(f"homagg {op}: the process group has been shut down")
+        if self._broken is not None:
+            raise self._broken
+        on_worker = threading.current_thread() is self._worker.thread
+        work = self._worker.submit(op, fn)
+        if not on_worker and torch._C._current_graph_task_id() != -1:
+            self._guard_backward(work)
+        return work
+
+    def _note_failure(self, exc: BaseException) -> None:
+        """Worker hook: the first failure makes the group unusable (ranks may be out of step)."""
+        if self._broken is None:
+            self._broken = exc
+
+    def _guard_backward(self, work: HomaggWork) -> None:
+        """Issued during backward (DDP's reducer): check it in a final autograd callback.
+
+        DDP waits on futures from C++, where a Python exception turns into a RuntimeError.  The
+        callback queued here runs before DDP's own finalize callback, waits for this backward's
+        collectives (and their chained callbacks), and raises the original typed error, which
+        ``loss.backward()`` then raises unchanged.
+        """
+        gid = torch._C._current_graph_task_id()
+        with self._guard_lock:
+            works = self._guards.get(gid)
+            if works is None:
+                works = self._guards[gid] = []
+                torch.autograd.Variable._execution_engine.queue_callback(lambda: self._finish_backward(gid))
+            works.append(work)
+
+    def _finish_backward(self, gid: int) -> None:
+        with self._guard_lock:
+            works = self._guards.pop(gid, [])
+        for work in works:
+            work.wait_settled(self._wait_s)
+        if self._broken is not None:  # e.g. a nested collective issued by a comm hook's callback
+            raise self._broken
+
+    def _gloo(self, call: Any, result: list[torch.Tensor]) -> TaskResult:
+        """Run ``call`` on the private gloo group (worker thread only) and wait for it."""
+        gloo = self._private
+        if gloo is None:
+            raise TransportError("homagg process group is shut down")
+        work = call(gloo)
+        work.wait()
+        if result and result[0].layout != torch.strided:
+            return list(work.result())  # sparse allreduce: gloo hands back new tensors
+        return result
+
+    def shutdown(self) -> None:
+        """Stop the worker, close the switch link (and an owned emulator), release gloo groups."""
+        if self._closed:
+            return
+        self._closed = True
+        self._release()
+        try:
+            super().shutdown()
+        except RuntimeError:
+            pass  # no default-backend shutdown on this torch build; the delegate is released below
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+
+    def abort(self) -> None:
+        self.shutdown()
+
+    def _release(self) -> None:
+        self._worker.close()
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
+        self._private = None
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupHomagg(rank={self.rank()}, size={self.size()}, switch={self.config.switch!r})"
+
+
+def shutdown_all() -> None:
+    """Shut down every live homagg group (used at interpreter exit; idempotent)."""
+    with _LIVE_LOCK:
+        groups = list(_LIVE)
+    for pg in groups:
+        pg.shutdown()
+

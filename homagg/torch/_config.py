@@ -16,9 +16,15 @@ group is created; an invalid value raises :class:`~homagg.ConfigError` naming th
 ``timeout``         ``HOMAGG_TIMEOUT``            seconds one switch round may take before a
                                                   typed :class:`~homagg.SwitchTimeoutError`
                                                   (default: 30, never more than the group timeout)
+``switch_control``  ``HOMAGG_SWITCH_CONTROL``     control address (``host:port``) of an external
+                                                  switch (default: the ``switch`` port + 1)
 ``emulator_host``   ``HOMAGG_EMULATOR_HOST``      address the embedded emulator binds to and
                                                   publishes (default: the rendezvous host if it
                                                   is local, else 127.0.0.1)
+``words_per_packet`` ``HOMAGG_WORDS_PER_PACKET``  payload words per datagram (default: 2048 for
+                                                  the embedded emulator, 32 for external ones)
+``slots``           ``HOMAGG_SLOTS``              switch slots of the group's job = send window
+                                                  in packets (default 64)
 ``codec``           (none)                        dict of extra keyword options for
                                                   :func:`homagg.allreduce`
 =================  ===========================  ==============================================
@@ -44,7 +50,10 @@ ENV_VARS: dict[str, str] = {
     "switch": "HOMAGG_SWITCH",
     "scheme": "HOMAGG_SCHEME",
     "timeout": "HOMAGG_TIMEOUT",
+    "switch_control": "HOMAGG_SWITCH_CONTROL",
     "emulator_host": "HOMAGG_EMULATOR_HOST",
+    "words_per_packet": "HOMAGG_WORDS_PER_PACKET",
+    "slots": "HOMAGG_SLOTS",
 }
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -77,7 +86,10 @@ class BackendConfig:
     switch: str = "embedded"
     scheme: str = "auto"
     timeout: float = DEFAULT_TIMEOUT_S
+    switch_control: str | None = None
     emulator_host: str | None = None
+    words_per_packet: int | None = None
+    slots: int = 64
     codec: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -87,10 +99,26 @@ class BackendConfig:
             raise ConfigError(f"scheme: {self.scheme!r} is not one of {', '.join(SCHEMES)}")
         if not isinstance(self.timeout, (int, float)) or not math.isfinite(self.timeout) or self.timeout <= 0:
             raise ConfigError(f"timeout: expected a finite number of seconds > 0, got {self.timeout!r}")
+        if self.switch_control is not None:
+            parse_host_port(self.switch_control, source="switch_control")
+        for key, low, high in (("words_per_packet", 1, 16000), ("slots", 1, 32768)):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+                raise ConfigError(f"{key}: expected an int in [{low}, {high}], got {value!r}")
         if self.emulator_host is not None and not self.emulator_host.strip():
             raise ConfigError("emulator_host: empty address")
         if not isinstance(self.codec, Mapping) or not all(isinstance(k, str) and k.isidentifier() for k in self.codec):
             raise ConfigError(f"codec: expected a dict of keyword options, got {self.codec!r}")
+
+    @property
+    def control_address(self) -> tuple[str, int] | None:
+        """Control address of an external switch: ``switch_control``, else the data port + 1."""
+        data = self.external_address
+        if data is None:
+            return None
+        if self.switch_control is not None:
+            return parse_host_port(self.switch_control, source="switch_control")
+        return data[0], data[1] + 1
 
     @property
     def external_address(self) -> tuple[str, int] | None:
@@ -139,9 +167,20 @@ def _convert(key: str, value: Any, *, source: str) -> Any:
         if not math.isfinite(seconds) or seconds <= 0:
             raise ConfigError(f"{source}: timeout must be finite and > 0, got {value!r}")
         return seconds
+    if key in ("words_per_packet", "slots"):
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{source}: {key} {value!r} is not an integer") from None
+        if isinstance(value, float) and number != value:
+            raise ConfigError(f"{source}: {key} {value!r} is not an integer")
+        return number
     if not isinstance(value, str):
         raise ConfigError(f"{source}: expected a string, got {type(value).__name__}")
     value = value.strip()
+    if key == "switch_control":
+        host, port = parse_host_port(value, source=source)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if key == "switch":
         low = value.lower()
         if low in ("embedded", "gloo"):

@@ -1,0 +1,134 @@
+"""UDP link of a homagg process group: the embedded emulator or an external switch.
+
+Group rank 0 admits one job per process group (its own slots, so several groups run at once)
+and publishes ``{"data", "control", "job"}`` under the group's store; every rank opens a
+:class:`~homagg.transport.UdpSwitchPort` (which registers its source address with the switch).
+On close each rank releases its port and counts itself out in the store; rank 0 waits (bounded)
+for the others before it removes the job and stops an owned emulator, so no rank loses the
+switch while its last results (or retransmissions) are in flight.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+from .._errors import ConfigError
+from ._config import BackendConfig
+from ._switch_setup import SwitchLink
+
+__all__ = ["open_udp", "emulator_host"]
+
+EMBEDDED_WORDS_PER_PACKET = 2048
+_CLOSE_WAIT_S = 10.0
+
+
+def _rendezvous_host(store: Any) -> str | None:
+    host = os.environ.get("MASTER_ADDR")
+    if host:
+        return host
+    while store is not None:
+        if isinstance(store, dist.TCPStore):
+            return store.host
+        store = getattr(store, "underlying_store", None)
+    return None
+
+
+def emulator_host(config: BackendConfig, store: Any) -> str:
+    """Address the embedded emulator binds to: configured, else the rendezvous host if local."""
+    if config.emulator_host:
+        return config.emulator_host
+    host = _rendezvous_host(store)
+    if not host:
+        return "127.0.0.1"
+    try:
+        ip = socket.gethostbyname(host)
+        if ipaddress.ip_address(ip).is_loopback:
+            return ip
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind((ip, 0))  # is it an address of this machine?
+        return ip
+    except OSError:
+        return "127.0.0.1"
+
+
+def open_udp(
+    config: BackendConfig,
+    store: dist.Store,
+    rank: int,
+    size: int,
+    group_id: str,
+    group_timeout_s: float,
+    store_get: Callable[[dist.Store, str, float, str], bytes],
+    key: str,
+) -> SwitchLink:
+    from ..jobs import JobSpec
+    from ..transport import ControlClient, UdpSwitchPort
+
+    emulator = None
+    if rank == 0:
+        if config.switch == "embedded":
+            import switch_emulator
+
+            host = emulator_host(config, store)
+            try:
+                emulator = switch_emulator.start(listen=(host, 0), control=(host, 0))
+            except OSError as exc:
+                raise ConfigError(f"homagg: cannot start the embedded emulator on {host}: {exc}") from exc
+            data_addr, ctl_addr = tuple(emulator.data_addr), tuple(emulator.control_addr)
+            words = config.words_per_packet or EMBEDDED_WORDS_PER_PACKET
+        else:
+            data_addr, ctl_addr = config.external_address, config.control_address  # type: ignore[assignment]
+            words = config.words_per_packet or 32
+        try:
+            with ControlClient(ctl_addr, timeout=min(config.timeout, 10.0)) as ctl:
+                job = ctl.admit(size, n_slots=config.slots, words_per_packet=words)
+        except BaseException:
+            if emulator is not None:
+                emulator.stop()
+            raise
+        store.set(key, json.dumps({"data": list(data_addr), "control": list(ctl_addr), "job": job.to_dict()}))
+    info = json.loads(store_get(store, key, group_timeout_s, "the switch address").decode())
+    job = JobSpec.from_dict(info["job"])
+    data_addr, ctl_addr = tuple(info["data"]), tuple(info["control"])
+    try:
+        port = UdpSwitchPort(data_addr, rank=rank, job=job, control=ctl_addr, timeout=config.timeout)
+    except BaseException:
+        if emulator is not None:
+            emulator.stop()
+        raise
+    link = SwitchLink(port, config.switch if config.switch == "embedded" else "external", data_addr, job.job_id, emulator)
+
+    def close_port() -> None:
+        port.close()
+        try:
+            store.add(f"{key}/closed", 1)
+        except RuntimeError:
+            pass  # store already gone (another rank exited): nothing waits for this count then
+
+    def release_job() -> None:
+        deadline = time.monotonic() + min(_CLOSE_WAIT_S, config.timeout)
+        try:
+            while store.add(f"{key}/closed", 0) < size and time.monotonic() < deadline:
+                time.sleep(0.02)
+        except RuntimeError:
+            pass  # store unreachable: stop anyway, the bound is what matters
+        try:
+            if emulator is None:
+                with ControlClient(ctl_addr, timeout=min(config.timeout, 5.0)) as ctl:
+                    ctl.remove(job.job_id)
+        finally:
+            if emulator is not None:
+                emulator.stop()
+
+    if rank == 0:
+        link._closers.append(release_job)
+    link._closers.append(close_port)  # closers run in reverse: port first, then the job
+    return link

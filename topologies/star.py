@@ -1,0 +1,77 @@
+"""Star: W worker hosts around one switch.
+
+``--switch emulator``: the switch is a Mininet host ``hgs`` running the Python emulator.  Each
+worker sits on its own /24 (``10.0.<r+1>.1``) towards the switch's interface ``10.0.<r+1>.254``;
+the emulator listens on all of them (UDP backend; the kernel of the switch host only delivers and
+routes, every aggregation decision is the emulator's pipeline).
+
+``--switch bmv2``: the switch is ``simple_switch_grpc`` running ``p4/homagg.p4`` (ports 1..W);
+workers share ``10.0.0.0/24`` (``10.0.0.<r+1>``) and send to the switch's service address
+``10.0.0.254`` (static ARP entry), configured by :mod:`homagg.p4._control`.
+
+Each link is a TCLink with the given bandwidth/delay/loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from homagg.wire import HOMAGG_UDP_PORT
+
+from ._deploy import Deployment, LinkOpts, WorkerSite
+from ._mn import import_mininet
+
+__all__ = ["build_star", "SERVICE_IP", "SERVICE_MAC", "worker_mac"]
+
+SERVICE_IP = "10.0.0.254"
+SERVICE_MAC = "02:48:41:00:00:fe"
+PREFIX = "hg"
+
+
+def worker_mac(rank: int) -> str:
+    return f"02:48:41:00:{rank >> 8:02x}:{(rank & 0xFF) + 1:02x}"
+
+
+def build_star(workers: int, switch: str, link: LinkOpts) -> Deployment:
+    """Build (not start) the star; the runner starts the switch software."""
+    import_mininet()
+    from mininet.link import TCLink
+    from mininet.net import Mininet
+
+    net = Mininet(topo=None, link=TCLink, controller=None, build=False, autoSetMacs=False)
+    sites: list[WorkerSite] = []
+    if switch == "emulator":
+        sw = net.addHost(f"{PREFIX}s", ip=None)
+        hosts = [net.addHost(f"{PREFIX}h{r}", ip=f"10.0.{r + 1}.1/24", mac=worker_mac(r)) for r in range(workers)]
+        for r, h in enumerate(hosts):
+            net.addLink(h, sw, intfName1=f"{PREFIX}h{r}-eth0", intfName2=f"{PREFIX}s-eth{r}", **link.params())
+        net.build()
+        for r, h in enumerate(hosts):
+            sw.setIP(f"10.0.{r + 1}.254/24", intf=f"{PREFIX}s-eth{r}")
+            sites.append(WorkerSite(h, f"10.0.{r + 1}.1", f"10.0.{r + 1}.254", f"{PREFIX}h{r}-eth0",
+                                    switch_side=(sw, f"{PREFIX}s-eth{r}")))
+        dep = Deployment(net, sites, "emulator", HOMAGG_UDP_PORT, HOMAGG_UDP_PORT + 1, switch_nodes=[sw])
+    elif switch == "bmv2":
+        from .bmv2 import Bmv2Switch
+
+        sw = net.addSwitch(f"{PREFIX}s", cls=Bmv2Switch, device_id=0, grpc_port=9559, thrift_port=9090)
+        hosts = [net.addHost(f"{PREFIX}h{r}", ip=f"10.0.0.{r + 1}/24", mac=worker_mac(r)) for r in range(workers)]
+        for r, h in enumerate(hosts):
+            net.addLink(h, sw, port2=r + 1, intfName1=f"{PREFIX}h{r}-eth0", **link.params())
+        net.build()
+        for r, h in enumerate(hosts):
+            h.cmd(f"arp -s {SERVICE_IP} {SERVICE_MAC}")
+            sites.append(WorkerSite(h, f"10.0.0.{r + 1}", SERVICE_IP, f"{PREFIX}h{r}-eth0"))
+        dep = Deployment(net, sites, "bmv2", HOMAGG_UDP_PORT, HOMAGG_UDP_PORT + 1, switch_nodes=[sw])
+        dep.bmv2_hosts = [  # type: ignore[attr-defined]
+            {"ip": f"10.0.0.{r + 1}", "mac": worker_mac(r), "port": r + 1} for r in range(workers)
+        ]
+    else:
+        raise ValueError(f"unknown switch kind {switch!r}")
+    for s in sites:
+        dep.capture_intfs.append((s.host, s.intf))
+    return dep
+
+
+def describe(dep: Deployment) -> dict[str, Any]:
+    return {"topology": "star", "switch": dep.kind, "workers": [(s.ip, s.switch_ip) for s in dep.workers]}

@@ -1,7 +1,7 @@
 """Packed nonzero bitmaps as int32 words (bit ``i % 32`` of word ``i // 32``), combined with OR.
 
 Both directions cost O(number of set bits + words), never a Python loop: packing adds one power of
-two per set position (bits are distinct, so ADD == OR), unpacking expands only the nonzero words.
+two per set position (bits are distinct, so ADD == OR), unpacking expands only the nonzero bytes.
 """
 
 from __future__ import annotations
@@ -23,10 +23,16 @@ def pack_positions(idx: torch.Tensor, numel: int) -> torch.Tensor:
 
 
 def unpack_positions(words: torch.Tensor) -> torch.Tensor:
-    """int32 bitmap words -> sorted int64 flat positions of the set bits."""
-    nz = torch.nonzero(words).squeeze(1)
+    """int32 bitmap words -> sorted int64 flat positions of the set bits.
+
+    Expands only nonzero *bytes* (8 candidates each) of the little-endian words, so the work is
+    O(words + 8 * nonzero bytes).
+    """
+    as_bytes = words.contiguous().view(torch.uint8)
+    nz = torch.nonzero(as_bytes).squeeze(1)
     if nz.numel() == 0:
         return nz
-    bits = (words[nz].to(torch.int64).unsqueeze(1) >> torch.arange(32, device=words.device)) & 1
-    word_idx, bit = torch.nonzero(bits, as_tuple=True)
-    return nz[word_idx] * 32 + bit
+    shifts = torch.arange(8, dtype=torch.uint8, device=words.device)
+    bits = (as_bytes[nz].unsqueeze(1) >> shifts) & 1
+    byte_idx, bit = torch.nonzero(bits, as_tuple=True)
+    return nz[byte_idx] * 8 + bit

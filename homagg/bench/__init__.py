@@ -1,0 +1,1 @@
+"""Benchmarks behind ``homagg bench ...``: they use the same public API as users."""

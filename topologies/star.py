@@ -63,9 +63,10 @@ def build_star(workers: int, switch: str, link: LinkOpts) -> Deployment:
             h.cmd(f"arp -s {SERVICE_IP} {SERVICE_MAC}")
             sites.append(WorkerSite(h, f"10.0.0.{r + 1}", SERVICE_IP, f"{PREFIX}h{r}-eth0"))
         dep = Deployment(net, sites, "bmv2", HOMAGG_UDP_PORT, HOMAGG_UDP_PORT + 1, switch_nodes=[sw])
-        dep.bmv2_hosts = [  # type: ignore[attr-defined]
-            {"ip": f"10.0.0.{r + 1}", "mac": worker_mac(r), "port": r + 1} for r in range(workers)
-        ]
+        from .bmv2 import attach_star
+
+        attach_star(dep, [{"ip": f"10.0.0.{r + 1}", "mac": worker_mac(r), "port": r + 1} for r in range(workers)],
+                    SERVICE_IP, SERVICE_MAC)
     else:
         raise ValueError(f"unknown switch kind {switch!r}")
     for s in sites:

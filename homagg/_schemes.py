@@ -156,10 +156,13 @@ def _dense(w: _Worker, stats: WorkerStats, exponents_done: bool = False) -> Prot
     stats.schemes["dense"] += 1
     if not exponents_done:
         w.set_exponents((yield from _exchange(w.exponent_streams(), stats)))
-    everything = torch.arange(w.numel, device=w.device)
-    values = w.values_at(everything)
+    assert w.grid is not None
+    values = torch.zeros((w.numel, w.limbs), dtype=torch.int32, device=w.device)
+    values[w.idx] = w.grid
     (sums,) = yield from _exchange([Stream("values", CombineOp.ADD, values.reshape(-1))], stats)
-    return w.result(everything, sums.reshape(-1, w.limbs))
+    sums = sums.reshape(-1, w.limbs)
+    nonzero = torch.nonzero(sums.any(dim=1)).squeeze(1)
+    return w.result(nonzero, sums[nonzero])
 
 
 def _compact(w: _Worker, stats: WorkerStats, exponents_done: bool = False) -> Protocol:

@@ -9,6 +9,7 @@ Maps a datagram's source address to ``(job, worker_id)``.  Unknown sources are d
 from __future__ import annotations
 
 import threading
+import time
 
 from homagg._errors import ConfigError
 from homagg.jobs import JobSpec, WorkerAddr
@@ -70,6 +71,7 @@ class AdmissionTable:
             job.addrs[worker_id] = addr
             job.spec = job.spec.with_worker(WorkerAddr(worker_id, addr[0], addr[1]))
             self.by_src[addr] = (job, worker_id)
+            job.last_seen = time.monotonic()
             return job
 
     def remove(self, job_id: int) -> bool:

@@ -58,6 +58,7 @@ class Workers:
     def __init__(self, target: Callable[..., Any], world_size: int, *args: Any) -> None:
         ctx = context()
         self.queue = ctx.Queue()
+        self.args = args  # keeps semaphores/queues passed to the children alive until they started
         self.procs = [ctx.Process(target=_entry, args=(target, r, args, self.queue), daemon=True)
                       for r in range(world_size)]
         for p in self.procs:

@@ -113,7 +113,11 @@ class UdpSwitchPort(SwitchPort):
         self._rttvar = 0.0
         self.stats: dict[str, int] = {"packets": 0, "retransmits": 0, "results": 0, "ignored": 0, "rounds": 0}
         if self._ctl is not None and register:
-            self._ctl.register(job.job_id, rank, self.local_addr)
+            try:
+                self._ctl.register(job.job_id, rank, self.local_addr)
+            except BaseException:
+                self.close()
+                raise
 
     # ------------------------------------------------------------------------------------------
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:

@@ -16,7 +16,7 @@ control HomaggIngress(inout headers_t hdr, inout metadata_t meta,
                       inout standard_metadata_t standard_metadata) {
     Admission()    admission;
     SlotSelect()   slot_select;
-    WorkerBitmap() worker_bitmap;
+    WorkerBitmap() bitmap_check;
     Completion()   completion;
     Combine()      combine;
     Replicate()    replicate;
@@ -33,7 +33,7 @@ control HomaggIngress(inout headers_t hdr, inout metadata_t meta,
             return;
         }
         if (meta.drop_reason == DROP_NONE) { slot_select.apply(hdr, meta); }
-        if (meta.drop_reason == DROP_NONE) { worker_bitmap.apply(hdr, meta); }
+        if (meta.drop_reason == DROP_NONE) { bitmap_check.apply(hdr, meta); }
         if (meta.drop_reason == DROP_NONE) { completion.apply(hdr, meta); }
         if (meta.drop_reason == DROP_NONE) { combine.apply(hdr, meta); }
         replicate.apply(hdr, meta, standard_metadata);

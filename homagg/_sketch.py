@@ -69,7 +69,7 @@ def peel(union_idx: torch.Tensor, sketch_words: torch.Tensor, limbs: int, seed: 
         return values.to(torch.int32), torch.zeros(0, dtype=torch.int64, device=device)
     where, signs = cell_indices(union_idx, cells, seed)
     counts = torch.bincount(where.reshape(-1), minlength=cells)
-    table = sketch_words.reshape(cells, limbs).to(torch.int64) & _M32
+    table = sketch_words.reshape(cells, limbs).to(torch.int64)
     remaining = torch.arange(u, device=device)
     while remaining.numel():
         w = where[remaining]
@@ -85,8 +85,7 @@ def peel(union_idx: torch.Tensor, sketch_words: torch.Tensor, limbs: int, seed: 
         values[done] = v
         done_cells = where[done].reshape(-1)
         delta = (v.unsqueeze(1) * signs[done].unsqueeze(2)).reshape(-1, limbs)
-        table.index_add_(0, done_cells, -delta)
-        table &= _M32
+        table.index_add_(0, done_cells, -delta)  # stays far inside int64; reduced mod 2**32 on read
         counts.index_add_(0, done_cells, torch.full_like(done_cells, -1))
         remaining = remaining[~peelable]
     return wrap_int32(values), remaining

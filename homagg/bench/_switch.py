@@ -1,0 +1,149 @@
+"""``homagg bench switch``: dense int32 aggregation goodput through the emulator vs gloo allreduce.
+
+W worker processes each hold ``numel`` int32 words.  In every repeat, every worker first runs a
+gloo ``all_reduce`` (torch.distributed, TCP on loopback) of its words, then a homagg round (one
+ADD stream through :class:`~homagg.transport.UdpSwitchPort` to the emulator, a separate process).
+Both are started after a barrier; a repeat's time is the slowest worker's.  The homagg result is
+checked against the integer sum in the first repeat.  Reported per configuration: medians over
+``--repeats`` (after one warm-up), ``goodput_gbps = numel * 4 * 8 / homagg_s / 1e9`` (one
+worker's payload per second) and the same for gloo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._errors import ProtocolError
+
+__all__ = ["configure_parser", "run", "measure"]
+
+
+def _words(rank: int, numel: int) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(rank).integers(-(2**20), 2**20, numel, dtype=np.int32))
+
+
+def _worker(rank: int, cfg: dict[str, Any], barrier: Any) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from .._switch import CombineOp, Stream
+    from ..jobs import JobSpec
+    from ..transport import UdpSwitchPort
+
+    torch.set_num_threads(1)
+    w, numel = cfg["workers"], cfg["numel"]
+    data = _words(rank, numel)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['gloo_port']}", rank=rank, world_size=w)
+    port = UdpSwitchPort(tuple(cfg["data"]), job=JobSpec.from_dict(cfg["job"]), rank=rank,
+                         control=tuple(cfg["control"]), timeout=cfg["timeout"])
+    homagg_t, gloo_t = [], []
+    try:
+        for rep in range(cfg["repeats"] + 1):
+            buf = data.clone()
+            barrier.wait(cfg["timeout"])
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            gloo_t.append(time.perf_counter() - t0)
+            barrier.wait(cfg["timeout"])
+            t0 = time.perf_counter()
+            (out,) = port.combine([Stream("data", CombineOp.ADD, data)])
+            homagg_t.append(time.perf_counter() - t0)
+            if rep == 0 and not (torch.equal(out, buf) and (rank or cfg["check"])):
+                if not torch.equal(out, buf):
+                    raise ProtocolError(f"rank {rank}: homagg result differs from gloo's integer sum")
+        stats = dict(port.stats)
+    finally:
+        port.close()
+        dist.destroy_process_group()
+    return {"homagg": homagg_t[1:], "gloo": gloo_t[1:], "stats": stats}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure(workers: int, numel: int, *, words_per_packet: int = 8192, slots: int = 32, repeats: int = 5,
+            drop: float = 0.0, timeout: float = 60.0) -> dict[str, Any]:
+    """One configuration: start an emulator, run the workers, return the record."""
+    import switch_emulator
+
+    from ..transport import ControlClient
+    from ..transport._procs import RankFailure, Workers, context
+
+    with switch_emulator.spawn(drop=drop) as sw:
+        ctl = ControlClient(sw.control_addr)
+        job = ctl.admit(workers, n_slots=slots, words_per_packet=words_per_packet)
+        cfg = {"workers": workers, "numel": numel, "repeats": repeats, "timeout": timeout, "data": list(sw.data_addr),
+               "control": list(sw.control_addr), "job": job.to_dict(), "gloo_port": _free_port(), "check": True}
+        barrier = context().Barrier(workers)
+        results = Workers(_worker, workers, cfg, barrier).join(timeout * (repeats + 2) * 2 + 60)
+        counters = ctl.status()["counters"]
+        ctl.remove(job.job_id)
+    failed = [r for r in results if isinstance(r, RankFailure)]
+    if failed:
+        raise ProtocolError(f"bench worker {failed[0].rank} failed: {failed[0].type}: {failed[0].message}")
+    homagg_rep = [max(r["homagg"][i] for r in results) for i in range(repeats)]
+    gloo_rep = [max(r["gloo"][i] for r in results) for i in range(repeats)]
+    h, g = statistics.median(homagg_rep), statistics.median(gloo_rep)
+    bits = numel * 4 * 8
+    return {
+        "workers": workers, "numel": numel, "payload_words": words_per_packet, "slots": slots, "repeats": repeats,
+        "homagg_s": h, "gloo_s": g, "goodput_gbps": bits / h / 1e9, "gloo_goodput_gbps": bits / g / 1e9,
+        "homagg_runs_s": homagg_rep, "gloo_runs_s": gloo_rep,
+        "retransmits": sum(r["stats"]["retransmits"] for r in results),
+        "switch_packets_in": counters["rx"], "switch_packets_out": counters["tx"], "drop": drop,
+        "machine": f"{platform.machine()} {platform.node()} cpus={len(__import__('os').sched_getaffinity(0))}",
+    }
+
+
+def _ints(text: str) -> list[int]:
+    return [int(float(x)) for x in str(text).split(",") if x]
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", default="4", help="worker processes, comma-separated list (default 4)")
+    p.add_argument("--numel", default="10000000", help="int32 words per worker, comma-separated (default 10M)")
+    p.add_argument("--words-per-packet", type=int, default=8192, help="K, words per packet (default 8192)")
+    p.add_argument("--slots", type=int, default=32, help="window: slots of the job (default 32)")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats after one warm-up; medians reported")
+    p.add_argument("--drop", type=float, default=0.0, help="loss injected at the emulator")
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--json", type=Path, help="write the records to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    records = []
+    for w in _ints(args.workers):
+        for n in _ints(args.numel):
+            with console.status(f"{w} workers, {n:,} words: homagg (emulator) and gloo"):
+                rec = measure(w, n, words_per_packet=args.words_per_packet, slots=args.slots, repeats=args.repeats,
+                              drop=args.drop, timeout=args.timeout)
+            records.append(rec)
+            console.print(f"W={w} numel={n:,}: homagg {rec['homagg_s']:.3f}s ({rec['goodput_gbps']:.2f} Gbit/s), "
+                          f"gloo {rec['gloo_s']:.3f}s ({rec['gloo_goodput_gbps']:.2f} Gbit/s)")
+    table = Table(title="homagg emulator vs gloo allreduce (int32, loopback, medians)")
+    for col in ("workers", "numel", "K", "homagg s", "gloo s", "homagg Gbit/s", "gloo Gbit/s", "retx"):
+        table.add_column(col, justify="right")
+    for r in records:
+        table.add_row(str(r["workers"]), f"{r['numel']:,}", str(r["payload_words"]), f"{r['homagg_s']:.3f}",
+                      f"{r['gloo_s']:.3f}", f"{r['goodput_gbps']:.2f}", f"{r['gloo_goodput_gbps']:.2f}",
+                      str(r["retransmits"]))
+    console.print(table)
+    if args.json:
+        args.json.write_text(json.dumps(records, indent=2) + "\n")
+    return 0

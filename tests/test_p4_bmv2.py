@@ -245,3 +245,37 @@ def test_differential_emulator_vs_bmv2(tmp_path: Path, built) -> None:  # noqa: 
     for name in ("duplicate", "conflict", "unknown_source", "admission_mismatch", "slot_range", "result_flag",
                  "version", "stale"):
         assert counters.get(f"drop_{name}", 0) == emu_counters.get(f"drop_{name}", 0), name
+
+
+def rate_sequence(rounds: int) -> list[tuple[tuple[str, int], bytes]]:
+    """Full 32-word ADD rounds of job 1 (3 workers), no loss: 3 packets in, 3 results out per round."""
+    j = jobs()[0]
+    out = []
+    words = list(range(32))
+    for g in range(rounds):
+        slot, bank = j.slot_base + g % j.n_slots, (g // j.n_slots) % 2
+        for w in j.workers:
+            out.append((w.addr, wire.pack_packet(wire.Header(1, 0, 0, j.job_id, w.worker_id, 32, bank, slot,
+                                                             g & 0xFFFF, 32 * g), words)))
+    return out
+
+
+@pytest.mark.bmv2
+def test_bmv2_packet_rate(tmp_path: Path, built, record_property) -> None:  # noqa: ANN001
+    """BMv2's pipeline rate on this machine (ports are pcap files: no NIC, no kernel in the way)."""
+    from scapy.utils import rdpcap
+
+    rounds = 2000
+    seq = rate_sequence(rounds)
+    frames, counters = _run_bmv2(tmp_path, built, seq, 3 * rounds, grpc_port=50561)
+    stamps = []
+    for p in (1, 2, 3):
+        f = tmp_path / f"p{p}_out.pcap"
+        if f.exists():
+            stamps += [float(pkt.time) for pkt in rdpcap(str(f))]
+    assert len(stamps) == 3 * rounds
+    span = max(stamps) - min(stamps)
+    pps_in = len(seq) / span if span > 0 else float("inf")
+    record_property("bmv2_input_pps", round(pps_in))
+    print(f"BMv2: {len(seq)} worker packets (32 words) in {span:.3f}s = {pps_in:.0f} packets/s in, "
+          f"{3 * rounds / span:.0f} results/s out")

@@ -168,7 +168,7 @@ def _run_bmv2(tmp: Path, built, seq, expected: int, grpc_port: int = 50551):  # 
     for p in ports:
         if p != 1:
             wrpcap(str(tmp / f"p{p}_in.pcap"), [])
-    args = [shutil.which("simple_switch_grpc"), "--use-files", "8", "--device-id", "0",
+    args = [shutil.which("simple_switch_grpc"), "--use-files", "12", "--device-id", "0",
             "--thrift-port", str(grpc_port + 1)]
     for p in ports:
         args += ["-i", f"{p}@p{p}"]
@@ -205,6 +205,10 @@ def _run_bmv2(tmp: Path, built, seq, expected: int, grpc_port: int = 50551):  # 
                 time.sleep(0.5)
             time.sleep(1.0)
             counters = ctl.read_counters()
+            for _ in range(2):  # removing a job is idempotent
+                ctl.remove_job(cfg, jobs()[1])
+            left = {(s["ip"], s["port"]) for s in ctl.read_counters()["sources"]}
+            assert left == {w.addr for w in jobs()[0].workers}
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -87,7 +87,7 @@ class ProcessGroupHomagg(ProcessGroup):
         self._group_desc = ""
         self._closed = False
         # delegate: ops torch dispatches to the backend (caller's thread); private: the worker's.
-        self._delegate = dist.ProcessGroupGloo(PrefixStore("homagg/delegate/", store), rank, size, timeout)
+        self._delegate: dist.ProcessGroup | None = dist.ProcessGroupGloo(PrefixStore("homagg/delegate/", store), rank, size, timeout)
         self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, self._delegate)
         if torch.cuda.is_available():
             self._register_backend(torch.device("cuda"), ProcessGroup.BackendType.GLOO, self._delegate)
@@ -267,6 +267,11 @@ class ProcessGroupHomagg(ProcessGroup):
         if link is not None:
             link.close()
         self._private = None
+        self._delegate = None  # the C++ group keeps the registered backend until it is freed
+        # pybind objects are invisible to the cycle collector: drop what can point back at us
+        # (a failure's traceback holds our frames; the guards hold works).
+        self._broken = TransportError("homagg process group is shut down") if self._broken is not None else None
+        self._guards.clear()
 
     def __repr__(self) -> str:
         return f"ProcessGroupHomagg(rank={self.rank()}, size={self.size()}, switch={self.config.switch!r})"

@@ -1,6 +1,7 @@
 """UDP link of a homagg process group: the embedded emulator or an external switch.
 
-Group rank 0 admits one job per process group (its own slots, so several groups run at once)
+Group rank 0 admits one job per process group (its own slots, so several groups run at once;
+the embedded emulator is shared by the groups whose rank 0 lives in this process)
 and publishes ``{"data", "control", "job"}`` under the group's store; every rank opens a
 :class:`~homagg.transport.UdpSwitchPort` (which registers its source address with the switch).
 On close each rank releases its port and counts itself out in the store; rank 0 waits (bounded)
@@ -14,6 +15,7 @@ import ipaddress
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +30,36 @@ __all__ = ["open_udp", "emulator_host"]
 
 EMBEDDED_WORDS_PER_PACKET = 2048
 _CLOSE_WAIT_S = 10.0
+_emulators: dict[str, list[Any]] = {}  # host -> [RunningSwitch, users]; one emulator per process
+_emulators_lock = threading.Lock()
+
+
+def _acquire_emulator(host: str) -> Any:
+    """The process's embedded emulator on ``host`` (started on first use, reference counted)."""
+    import switch_emulator
+
+    with _emulators_lock:
+        entry = _emulators.get(host)
+        if entry is None:
+            try:
+                entry = _emulators[host] = [switch_emulator.start(listen=(host, 0), control=(host, 0)), 0]
+            except OSError as exc:
+                raise ConfigError(f"homagg: cannot start the embedded emulator on {host}: {exc}") from exc
+        entry[1] += 1
+        return entry[0]
+
+
+def _release_emulator(host: str) -> None:
+    """Drop one user; the last one stops the emulator (its threads are joined, bounded)."""
+    with _emulators_lock:
+        entry = _emulators.get(host)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] > 0:
+            return
+        del _emulators[host]
+    entry[0].stop()
 
 
 def _rendezvous_host(store: Any) -> str | None:
@@ -73,15 +105,11 @@ def open_udp(
     from ..transport import ControlClient, UdpSwitchPort
 
     emulator = None
+    host = ""
     if rank == 0:
         if config.switch == "embedded":
-            import switch_emulator
-
             host = emulator_host(config, store)
-            try:
-                emulator = switch_emulator.start(listen=(host, 0), control=(host, 0))
-            except OSError as exc:
-                raise ConfigError(f"homagg: cannot start the embedded emulator on {host}: {exc}") from exc
+            emulator = _acquire_emulator(host)
             data_addr, ctl_addr = tuple(emulator.data_addr), tuple(emulator.control_addr)
             words = config.words_per_packet or EMBEDDED_WORDS_PER_PACKET
         else:
@@ -92,7 +120,7 @@ def open_udp(
                 job = ctl.admit(size, n_slots=config.slots, words_per_packet=words)
         except BaseException:
             if emulator is not None:
-                emulator.stop()
+                _release_emulator(host)
             raise
         store.set(key, json.dumps({"data": list(data_addr), "control": list(ctl_addr), "job": job.to_dict()}))
     info = json.loads(store_get(store, key, group_timeout_s, "the switch address").decode())
@@ -102,7 +130,7 @@ def open_udp(
         port = UdpSwitchPort(data_addr, rank=rank, job=job, control=ctl_addr, timeout=config.timeout)
     except BaseException:
         if emulator is not None:
-            emulator.stop()
+            _release_emulator(host)
         raise
     link = SwitchLink(port, config.switch if config.switch == "embedded" else "external", data_addr, job.job_id, emulator)
 
@@ -121,12 +149,11 @@ def open_udp(
         except RuntimeError:
             pass  # store unreachable: stop anyway, the bound is what matters
         try:
-            if emulator is None:
-                with ControlClient(ctl_addr, timeout=min(config.timeout, 5.0)) as ctl:
-                    ctl.remove(job.job_id)
+            with ControlClient(ctl_addr, timeout=min(config.timeout, 5.0)) as ctl:
+                ctl.remove(job.job_id)
         finally:
             if emulator is not None:
-                emulator.stop()
+                _release_emulator(host)
 
     if rank == 0:
         link._closers.append(release_job)

@@ -10,7 +10,7 @@ Invariants
   caller from :meth:`HomaggWork.wait` (as the original typed homagg error), from
   ``get_future().wait()`` and from every chained callback (DDP's reducer): never swallowed.
   ``torch.futures.Future.set_exception`` is not used because C++ sees it as a value; instead the
-  base future carries the exception object and a ``then`` stage re-raises it.
+  base future carries a traceback-free copy of the error and a ``then`` stage raises it.
 * :meth:`HomaggWork.wait_settled` returns only after every callback chained on the work's future
   ran (nested collectives included), which is what the backward guard of the process group needs.
 * Every wait is bounded: :meth:`HomaggWork.wait` by its timeout, :meth:`FifoWorker.close` by its
@@ -34,10 +34,35 @@ __all__ = ["HomaggWork", "FifoWorker", "TaskResult"]
 TaskResult = list[torch.Tensor]
 
 
+class _Failure:
+    """What the C++ future holds for a failed task: a traceback-free template of the error.
+
+    The future is invisible to Python's cycle collector, so it must not reference frames (a
+    traceback's frames reference the work, the group and their futures: an uncollectable cycle
+    that would keep gloo threads alive).  Each ``raise`` gets a fresh copy.
+    """
+
+    __slots__ = ("template",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.template = _bare_copy(exc)
+
+    def fresh(self) -> BaseException:
+        return _bare_copy(self.template)
+
+
+def _bare_copy(exc: BaseException) -> BaseException:
+    """Same type, args and attributes as ``exc``; no traceback, cause or context."""
+    copy = type(exc).__new__(type(exc))
+    copy.args = exc.args
+    copy.__dict__.update(getattr(exc, "__dict__", {}))
+    return copy
+
+
 def _unwrap(fut: torch.futures.Future) -> TaskResult:
     value = fut.value()
-    if isinstance(value, BaseException):
-        raise value
+    if isinstance(value, _Failure):
+        raise value.fresh()
     return value
 
 
@@ -63,7 +88,7 @@ class HomaggWork(dist._Work):
         self._result = result if result is not None else []
         self._done.set()
         try:
-            self._base.set_result(exc if exc is not None else self._result)
+            self._base.set_result(_Failure(exc) if exc is not None else self._result)
         finally:
             self._settled.set()
 
@@ -160,6 +185,7 @@ class FifoWorker:
         """Stop after the running task; fail queued ones; return True if the thread ended."""
         with self._cond:
             self._closed = True
+            self._on_error = None  # break the group <-> worker reference cycle
             pending = list(self._queue)
             self._queue.clear()
             self._cond.notify_all()

@@ -1,0 +1,1 @@
+"""Scripts run as separate rank processes by the torch backend tests (see ``_launch``)."""

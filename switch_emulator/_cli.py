@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -69,8 +70,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"homagg switch emulator: data {info['data']} control {info['control']} ({args.backend})",
               file=sys.stderr, flush=True)
+    profile_to = os.environ.get("HOMAGG_EMULATOR_PROFILE")  # cProfile the data loop into this file
     try:
-        backend.serve(sw)  # type: ignore[attr-defined]
+        if profile_to:
+            import cProfile
+
+            cProfile.runctx("backend.serve(sw)", globals(), {"backend": backend, "sw": sw}, profile_to)
+        else:
+            backend.serve(sw)  # type: ignore[attr-defined]
     finally:
         backend.close()  # type: ignore[attr-defined]
         ctl.stop()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import socket
 import statistics
@@ -46,6 +47,11 @@ def _worker(rank: int, cfg: dict[str, Any], barrier: Any) -> dict[str, Any]:
     port = UdpSwitchPort(tuple(cfg["data"]), job=JobSpec.from_dict(cfg["job"]), rank=rank,
                          control=tuple(cfg["control"]), timeout=cfg["timeout"])
     homagg_t, gloo_t = [], []
+    prof = None
+    if os.environ.get("HOMAGG_BENCH_PROFILE") and rank == 0:  # cProfile rank 0's homagg rounds into this file
+        import cProfile
+
+        prof = cProfile.Profile()
     try:
         for rep in range(cfg["repeats"] + 1):
             buf = data.clone()
@@ -54,13 +60,19 @@ def _worker(rank: int, cfg: dict[str, Any], barrier: Any) -> dict[str, Any]:
             dist.all_reduce(buf)
             gloo_t.append(time.perf_counter() - t0)
             barrier.wait(cfg["timeout"])
+            if prof is not None:
+                prof.enable()
             t0 = time.perf_counter()
             (out,) = port.combine([Stream("data", CombineOp.ADD, data)])
             homagg_t.append(time.perf_counter() - t0)
+            if prof is not None:
+                prof.disable()
             if rep == 0 and not (torch.equal(out, buf) and (rank or cfg["check"])):
                 if not torch.equal(out, buf):
                     raise ProtocolError(f"rank {rank}: homagg result differs from gloo's integer sum")
         stats = dict(port.stats)
+        if prof is not None:
+            prof.dump_stats(os.environ["HOMAGG_BENCH_PROFILE"])
     finally:
         port.close()
         dist.destroy_process_group()
@@ -103,7 +115,7 @@ def measure(workers: int, numel: int, *, words_per_packet: int = 8192, slots: in
         "homagg_runs_s": homagg_rep, "gloo_runs_s": gloo_rep,
         "retransmits": sum(r["stats"]["retransmits"] for r in results),
         "switch_packets_in": counters["rx"], "switch_packets_out": counters["tx"], "drop": drop,
-        "machine": f"{platform.machine()} {platform.node()} cpus={len(__import__('os').sched_getaffinity(0))}",
+        "machine": f"{platform.machine()} {platform.node()} cpus={len(os.sched_getaffinity(0))}",
     }
 
 

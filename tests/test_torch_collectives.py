@@ -47,11 +47,12 @@ def test_typed_errors_are_homagg_types(world: int) -> None:
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_destroy_leaves_no_python_threads(world: int) -> None:
-    # OS threads are checked by the DDP test: here torch's functional-collective caches keep the
-    # world group (and its gloo delegate's threads) referenced after destroy, with any backend.
-    for res in results(world):
+def test_destroy_leaves_no_threads(world: int) -> None:
+    for rank, res in enumerate(results(world)):
         assert res["threads_after_destroy"] == ["MainThread"], res["threads_after_destroy"]
+        before, after = res["os_threads"]
+        assert after <= before + 1, (rank, res["os_thread_names"])  # +1: torch's intra-op pool
+        assert res["live_groups"] == 0
 
 
 def test_second_group_gets_its_own_job() -> None:

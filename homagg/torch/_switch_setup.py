@@ -42,6 +42,7 @@ class SwitchLink:
     kind: str
     address: tuple[str, int] | None = None
     job_id: int | None = None
+    control: tuple[str, int] | None = None  # the switch's control address (udp kinds)
     emulator: object | None = None  # the embedded emulator, on the rank that owns it
     _closers: list[Callable[[], None]] = field(default_factory=list)
 

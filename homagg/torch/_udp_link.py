@@ -17,12 +17,13 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
-from .._errors import ConfigError
+from .._errors import ConfigError, TransportError
 from ._config import BackendConfig
 from ._switch_setup import SwitchLink
 
@@ -132,7 +133,8 @@ def open_udp(
         if emulator is not None:
             _release_emulator(host)
         raise
-    link = SwitchLink(port, config.switch if config.switch == "embedded" else "external", data_addr, job.job_id, emulator)
+    kind = "embedded" if config.switch == "embedded" else "external"
+    link = SwitchLink(port, kind, data_addr, job.job_id, ctl_addr, emulator)
 
     def close_port() -> None:
         port.close()
@@ -151,6 +153,8 @@ def open_udp(
         try:
             with ControlClient(ctl_addr, timeout=min(config.timeout, 5.0)) as ctl:
                 ctl.remove(job.job_id)
+        except (TransportError, OSError) as exc:  # switch gone: no job left to remove
+            warnings.warn(f"homagg: could not remove job {job.job_id} from {ctl_addr}: {exc}", stacklevel=2)
         finally:
             if emulator is not None:
                 _release_emulator(host)

@@ -12,11 +12,11 @@ hook sends each gradient bucket through it and returns the average.  Only DDP's 
 covered (one comm hook per model); other collectives keep using the original backend.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: DDP checks the hook's annotations at run time
+# (``bucket`` must be annotated with the class ``dist.GradBucket``, not a string).
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -37,10 +37,10 @@ class State:
     of :func:`homagg.allreduce`.  After construction ``group`` is a homagg process group.
     """
 
-    scheme: str | None = None
-    switch: str | None = None
-    timeout: float | None = None
-    process_group: dist.ProcessGroup | None = None
+    scheme: Optional[str] = None
+    switch: Optional[str] = None
+    timeout: Optional[float] = None
+    process_group: Optional[dist.ProcessGroup] = None
     codec: Mapping[str, Any] = field(default_factory=dict)
     group: dist.ProcessGroup = field(init=False, repr=False)
     config: BackendConfig = field(init=False)

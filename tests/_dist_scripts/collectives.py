@@ -17,6 +17,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401 - before init: its defaults would capture (and keep) WORLD
 import torch.distributed._functional_collectives as fcol
 
 import homagg

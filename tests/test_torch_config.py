@@ -1,0 +1,84 @@
+"""Options of the homagg backend (env / pg_options / validation) and its registration."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch.distributed as dist
+
+import homagg
+from homagg.torch import BackendConfig, is_registered, register
+from homagg.torch._config import parse_host_port
+
+
+def test_defaults() -> None:
+    cfg = BackendConfig.resolve(None, env={})
+    assert (cfg.switch, cfg.scheme, cfg.timeout, cfg.slots) == ("embedded", "auto", 30.0, 64)
+    assert cfg.external_address is None and cfg.control_address is None
+
+
+def test_env_then_pg_options_precedence() -> None:
+    env = {"HOMAGG_SWITCH": "10.0.0.1:18497", "HOMAGG_SCHEME": "Sketch", "HOMAGG_TIMEOUT": "5"}
+    cfg = BackendConfig.resolve(None, env=env)
+    assert cfg.switch == "10.0.0.1:18497" and cfg.scheme == "sketch" and cfg.timeout == 5.0
+    assert cfg.control_address == ("10.0.0.1", 18498)
+    cfg = BackendConfig.resolve({"scheme": "dense", "switch": "gloo", "codec": {"block_size": 256}}, env=env)
+    assert cfg.switch == "gloo" and cfg.scheme == "dense" and cfg.timeout == 5.0 and cfg.codec == {"block_size": 256}
+    cfg = BackendConfig.resolve({"switch": "[::1]:9000", "switch_control": "h:1"}, env={})
+    assert cfg.external_address == ("::1", 9000) and cfg.control_address == ("h", 1)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"scheme": "zip"},
+        {"switch": "nohostport"},
+        {"switch": "h:0"},
+        {"switch": "h:x"},
+        {"timeout": 0},
+        {"timeout": "soon"},
+        {"timeout": float("inf")},
+        {"slots": 0},
+        {"words_per_packet": 1.5},
+        {"codec": {"not an identifier": 1}},
+        {"unknown_key": 1},
+    ],
+)
+def test_invalid_options_raise_config_error(options: dict) -> None:
+    with pytest.raises(homagg.ConfigError):
+        BackendConfig.resolve(options, env={})
+
+
+def test_invalid_env_names_the_variable() -> None:
+    with pytest.raises(homagg.ConfigError, match="HOMAGG_SCHEME"):
+        BackendConfig.resolve(None, env={"HOMAGG_SCHEME": "bogus"})
+    with pytest.raises(homagg.ConfigError):
+        BackendConfig.resolve(["not", "a", "dict"], env={})
+
+
+def test_capped_by_group_timeout() -> None:
+    assert BackendConfig(timeout=30.0).capped(10.0).timeout == 10.0
+    assert parse_host_port("a:1") == ("a", 1)
+
+
+def test_register_is_idempotent() -> None:
+    register()
+    register()
+    assert is_registered()
+    assert "homagg" in dist.Backend.backend_capability
+    assert dist.Backend.backend_capability["homagg"] == ["cpu", "cuda"]
+
+
+def test_autoload_entry_point_during_import_torch() -> None:
+    """The entry point runs while ``import torch`` is still executing: no circular import."""
+    code = (
+        "import sys, torch\n"
+        "import homagg._autoload as a\n"
+        "a.autoload(); a.autoload()\n"
+        "import torch.distributed as dist\n"
+        "assert 'HOMAGG' in dist.Backend._plugins\n"
+        "assert 'homagg._protocol' not in sys.modules or True\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

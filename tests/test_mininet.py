@@ -46,6 +46,18 @@ def test_star_emulator_four_workers_one_percent_loss(tmp_path: Path) -> None:
     assert any(Path(tmp_path, "run", "pcaps").glob("*.pcap"))
 
 
+def test_star_emulator_raw_ports(tmp_path: Path) -> None:
+    """The emulator as an L2-addressed switch: raw AF_PACKET ports on the switch host."""
+    from topologies._deploy import LinkOpts
+    from topologies.runner import run_experiment
+
+    schemes = ["dense", "sketch"]
+    s = run_experiment("star", "emulator", 4, LinkOpts(loss=1.0), tmp_path / "run", numel=4000,
+                       schemes=",".join(schemes), timeout=240, pcap=False, emulator_backend="raw")
+    _check(s, 4, schemes)
+    assert s["switch_status"]["backend"] == "raw"
+
+
 def test_two_tier_emulator(tmp_path: Path) -> None:
     from topologies._deploy import LinkOpts
     from topologies.runner import run_experiment

@@ -3,7 +3,7 @@
 ``python -m topologies.runner --topo star --switch emulator --workers 4 --loss 1``
 
 1. builds the topology (:mod:`topologies.star` or :mod:`topologies.two_tier`) with TCLinks,
-2. writes the job description (``job.json``: every worker's address is ``(its ip, 18497)``, so no
+2. writes the job description (``job.json``: every worker's address is ``(its ip, 18500)``, so no
    registration is needed) and starts the switch: the emulator on the switch host, or
    ``simple_switch_grpc`` configured by :class:`homagg.p4._control.P4Controller`,
 3. optionally captures every worker link with tcpdump (``pcaps/``),
@@ -26,7 +26,11 @@ from typing import Any
 from ._deploy import Deployment, LinkOpts
 from ._mn import mininet_missing
 
-__all__ = ["run_experiment", "main", "remove_leftovers"]
+__all__ = ["run_experiment", "main", "remove_leftovers", "WORKER_PORT"]
+
+#: every worker sends from (its ip, WORKER_PORT); not HOMAGG_UDP_PORT, which marks the switch's own
+#: results (the raw emulator backend ignores frames from it)
+WORKER_PORT = 18500
 
 
 def remove_leftovers(prefix: str = "hg") -> None:
@@ -40,14 +44,16 @@ def remove_leftovers(prefix: str = "hg") -> None:
                 subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
 
 
-def _build(topo: str, workers: int, switch: str, link: LinkOpts, racks: int) -> Deployment:
+def _build(topo: str, workers: int, switch: str, link: LinkOpts, racks: int, emulator_backend: str) -> Deployment:
     if topo == "star":
         from .star import build_star
 
-        return build_star(workers, switch, link)
+        return build_star(workers, switch, link, emulator_backend)
     if topo == "two_tier":
         from .two_tier import build_two_tier
 
+        if emulator_backend != "udp":
+            raise ValueError("two_tier runs the emulator with its UDP backend only")
         return build_two_tier(workers, switch, link, racks=racks)
     raise ValueError(f"unknown topology {topo!r}")
 
@@ -56,14 +62,16 @@ def _job(dep: Deployment, n_slots: int, words: int) -> Any:
     from homagg.jobs import JobSpec, WorkerAddr
 
     return JobSpec(job_id=1, world_size=len(dep.workers), slot_base=0, n_slots=n_slots, words_per_packet=words,
-                   workers=tuple(WorkerAddr(r, s.ip, dep.data_port) for r, s in enumerate(dep.workers))).validate()
+                   workers=tuple(WorkerAddr(r, s.ip, WORKER_PORT) for r, s in enumerate(dep.workers))).validate()
 
 
 def _start_emulator(dep: Deployment, out: Path, job_file: Path) -> None:
     sw = dep.switch_nodes[-1]
     log = out / "logs" / "switch.log"
+    raw = [a for i in getattr(dep, "raw_ifaces", []) for a in ("--iface", i)]
     dep.python(sw, ["-m", "switch_emulator", "--listen", f"0.0.0.0:{dep.data_port}",
-                    "--control", f"0.0.0.0:{dep.control_port}", "--jobs", str(job_file), "--ready-json"], log)
+                    "--control", f"127.0.0.1:{dep.control_port}", "--jobs", str(job_file), "--ready-json",
+                    *(["--backend", "raw", *raw] if raw else [])], log)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if log.exists() and "{" in log.read_text(errors="replace"):
@@ -88,7 +96,7 @@ def _emulator_status(dep: Deployment) -> dict[str, Any]:
 def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 4, link: LinkOpts | None = None,
                    out: Path | None = None, racks: int = 2, numel: int = 20000, density: float = 0.01,
                    schemes: str = "dense,compact,sketch,auto", n_slots: int = 64, words: int = 32,
-                   pcap: bool = True, timeout: float = 240.0) -> dict[str, Any]:
+                   pcap: bool = True, timeout: float = 240.0, emulator_backend: str = "udp") -> dict[str, Any]:
     """Run one experiment; return the summary (also written to ``<out>/results.json``)."""
     why = mininet_missing()
     if why:
@@ -100,9 +108,10 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
     remove_leftovers()
     dep: Deployment | None = None
     summary: dict[str, Any] = {"topology": topo, "switch": switch, "workers": workers, "link": link.params(),
+                               "emulator_backend": emulator_backend if switch == "emulator" else None,
                                "numel": numel, "density": density, "folder": str(out), "ok": False}
     try:
-        dep = _build(topo, workers, switch, link, racks)
+        dep = _build(topo, workers, switch, link, racks, emulator_backend)
         summary["loss_emulation"] = dep.apply_loss(link) or ("netem" if link.loss else None)
         job = _job(dep, n_slots, words if switch == "emulator" else min(words, 32))
         job_file = out / "job.json"
@@ -125,7 +134,7 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
         for r, site in enumerate(dep.workers):
             procs.append(dep.python(site.host, [
                 "-m", "topologies._worker", "--switch", dep.switch_addr(r), "--bind", site.ip,
-                "--bind-port", str(dep.data_port), "--rank", str(r), "--job", job.to_json(),
+                "--bind-port", str(WORKER_PORT), "--rank", str(r), "--job", job.to_json(),
                 "--schemes", schemes, "--numel", str(numel), "--density", str(density),
                 "--timeout", str(min(60.0, timeout)), "--out", str(out / "workers" / f"rank{r}.json"),
             ], out / "logs" / f"worker{r}.log"))
@@ -157,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topo", choices=("star", "two_tier"), default="star")
     p.add_argument("--switch", choices=("emulator", "bmv2"), default="emulator")
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--emulator-backend", choices=("udp", "raw"), default="udp",
+                   help="star + emulator: UDP socket on a routing switch host, or raw AF_PACKET ports")
     p.add_argument("--racks", type=int, default=2, help="two_tier: number of leaf switches")
     p.add_argument("--bw", type=float, default=None, help="link bandwidth, Mbit/s")
     p.add_argument("--delay", default=None, help="link delay, e.g. 1ms")
@@ -172,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         s = run_experiment(a.topo, a.switch, a.workers, LinkOpts(a.bw, a.delay, a.loss), a.out, a.racks, a.numel,
-                           a.density, a.schemes, a.slots, a.words, not a.no_pcap, a.timeout)
+                           a.density, a.schemes, a.slots, a.words, not a.no_pcap, a.timeout, a.emulator_backend)
     except Exception as exc:  # noqa: BLE001
         print(f"experiment failed: {exc}", file=sys.stderr)
         return 1

@@ -32,15 +32,33 @@ def worker_mac(rank: int) -> str:
     return f"02:48:41:00:{rank >> 8:02x}:{(rank & 0xFF) + 1:02x}"
 
 
-def build_star(workers: int, switch: str, link: LinkOpts) -> Deployment:
-    """Build (not start) the star; the runner starts the switch software."""
+def build_star(workers: int, switch: str, link: LinkOpts, emulator_backend: str = "udp") -> Deployment:
+    """Build (not start) the star; the runner starts the switch software.
+
+    ``emulator_backend="raw"``: the emulator serves the switch host's interfaces as raw ports
+    (AF_PACKET), addressed like BMv2 (shared ``10.0.0.0/24``, service address ``10.0.0.254`` with a
+    static ARP entry for the port's MAC); the switch host's kernel has no address at all.
+    """
     import_mininet()
     from mininet.link import TCLink
     from mininet.net import Mininet
 
     net = Mininet(topo=None, link=TCLink, controller=None, build=False, autoSetMacs=False)
     sites: list[WorkerSite] = []
-    if switch == "emulator":
+    if switch == "emulator" and emulator_backend == "raw":
+        sw = net.addHost(f"{PREFIX}s", ip=None)
+        hosts = [net.addHost(f"{PREFIX}h{r}", ip=f"10.0.0.{r + 1}/24", mac=worker_mac(r)) for r in range(workers)]
+        for r, h in enumerate(hosts):
+            net.addLink(h, sw, intfName1=f"{PREFIX}h{r}-eth0", intfName2=f"{PREFIX}s-eth{r}", **link.params())
+        net.build()
+        for r, h in enumerate(hosts):
+            intf = f"{PREFIX}s-eth{r}"
+            sw.cmd(f"ip addr flush dev {intf}; sysctl -qw net.ipv6.conf.{intf}.disable_ipv6=1")
+            h.cmd(f"arp -s {SERVICE_IP} {sw.intf(intf).MAC()}")
+            sites.append(WorkerSite(h, f"10.0.0.{r + 1}", SERVICE_IP, f"{PREFIX}h{r}-eth0"))
+        dep = Deployment(net, sites, "emulator", HOMAGG_UDP_PORT, HOMAGG_UDP_PORT + 1, switch_nodes=[sw])
+        dep.raw_ifaces = [f"{PREFIX}s-eth{r}" for r in range(workers)]  # type: ignore[attr-defined]
+    elif switch == "emulator":
         sw = net.addHost(f"{PREFIX}s", ip=None)
         hosts = [net.addHost(f"{PREFIX}h{r}", ip=f"10.0.{r + 1}.1/24", mac=worker_mac(r)) for r in range(workers)]
         for r, h in enumerate(hosts):

@@ -28,7 +28,7 @@ class CodecConfig:
     """
 
     block_size: int = 1024
-    sketch_overhead: float = 1.3
+    sketch_overhead: float = 1.4
     sketch_cells: int | None = None
     hll_registers: int = 1024
     bandwidth_gbps: float = 10.0

@@ -71,21 +71,24 @@ def peel(union_idx: torch.Tensor, sketch_words: torch.Tensor, limbs: int, seed: 
     counts = torch.bincount(where.reshape(-1), minlength=cells)
     table = sketch_words.reshape(cells, limbs).to(torch.int64)
     remaining = torch.arange(u, device=device)
+    w = where
     while remaining.numel():
-        w = where[remaining]
-        pure = counts[w] == 1
+        pure = counts[w.reshape(-1)].reshape(-1, K) == 1
         peelable = pure.any(dim=1)
-        if not bool(peelable.any()):
+        sel = torch.nonzero(peelable).squeeze(1)
+        if sel.numel() == 0:
             break
-        done = remaining[peelable]
-        first = pure[peelable].to(torch.int8).argmax(dim=1, keepdim=True)
-        cell = w[peelable].gather(1, first).squeeze(1)
-        sign = signs[done].gather(1, first)  # (p, 1)
-        v = (table[cell] * sign) & _M32  # (p, L) value mod 2**32
-        values[done] = v
-        done_cells = where[done].reshape(-1)
-        delta = (v.unsqueeze(1) * signs[done].unsqueeze(2)).reshape(-1, limbs)
-        table.index_add_(0, done_cells, -delta)  # stays far inside int64; reduced mod 2**32 on read
-        counts.index_add_(0, done_cells, torch.full_like(done_cells, -1))
-        remaining = remaining[~peelable]
+        done = remaining.index_select(0, sel)
+        done_where = w.index_select(0, sel)
+        done_signs = signs.index_select(0, done)
+        first = pure.index_select(0, sel).to(torch.int8).argmax(dim=1, keepdim=True)
+        cell = done_where.gather(1, first).squeeze(1)
+        v = (table.index_select(0, cell) * done_signs.gather(1, first)) & _M32  # (p, L) value mod 2**32
+        values.index_copy_(0, done, v)
+        flat_cells = done_where.reshape(-1)
+        table.index_add_(0, flat_cells, -(v.unsqueeze(1) * done_signs.unsqueeze(2)).reshape(-1, limbs))
+        counts.index_add_(0, flat_cells, torch.full_like(flat_cells, -1))  # table stays far inside int64
+        keep = torch.nonzero(~peelable).squeeze(1)
+        remaining = remaining.index_select(0, keep)
+        w = w.index_select(0, keep)
     return wrap_int32(values), remaining

@@ -250,13 +250,12 @@ class ProcessGroupHomagg(ProcessGroup):
         if self._closed:
             return
         self._closed = True
-        self._release()
         try:
-            super().shutdown()
-        except RuntimeError:
-            pass  # no default-backend shutdown on this torch build; the delegate is released below
-        with _LIVE_LOCK:
-            _LIVE.discard(self)
+            self._release()
+        finally:
+            super().shutdown()  # shuts down the registered gloo delegate
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
 
     def abort(self) -> None:
         self.shutdown()

@@ -34,6 +34,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5, help="runs per scheme; medians are reported")
     p.add_argument("--overlap", type=float, default=0.5, help="fraction of each worker's support shared by all")
     p.add_argument("--device", default="cpu", help="torch device of the tensors (cpu, cuda)")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--json", type=Path, help="write the records to this file")
 
 
@@ -108,6 +109,7 @@ def measure(numel: int, density: float, workers: int, schemes: list[str], repeat
             "workers": workers,
             "device": device,
             "repeats": repeats,
+            "threads": torch.get_num_threads(),
             "encode_s": statistics.median(enc),
             "decode_s": statistics.median(dec),
             "bytes_per_worker": stats.bytes_sent,
@@ -125,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     records = measure(args.numel, args.density, args.workers, schemes, args.repeats, args.overlap, args.device)
     table = Table(title=f"codec: {args.numel:,} elements, density {args.density}, {args.workers} workers (medians of {args.repeats})")

@@ -15,7 +15,7 @@ from homagg.torch._config import parse_host_port
 
 def test_defaults() -> None:
     cfg = BackendConfig.resolve(None, env={})
-    assert (cfg.switch, cfg.scheme, cfg.timeout, cfg.slots) == ("embedded", "auto", 30.0, 64)
+    assert (cfg.switch, cfg.scheme, cfg.timeout, cfg.slots) == ("embedded", "auto", 30.0, None)
     assert cfg.external_address is None and cfg.control_address is None
 
 

@@ -21,10 +21,10 @@ group is created; an invalid value raises :class:`~homagg.ConfigError` naming th
 ``emulator_host``   ``HOMAGG_EMULATOR_HOST``      address the embedded emulator binds to and
                                                   publishes (default: the rendezvous host if it
                                                   is local, else 127.0.0.1)
-``words_per_packet`` ``HOMAGG_WORDS_PER_PACKET``  payload words per datagram (default: 2048 for
+``words_per_packet`` ``HOMAGG_WORDS_PER_PACKET``  payload words per datagram (default: 16000 for
                                                   the embedded emulator, 32 for external ones)
 ``slots``           ``HOMAGG_SLOTS``              switch slots of the group's job = send window
-                                                  in packets (default 64)
+                                                  in packets (default: 16 embedded, 64 external)
 ``codec``           (none)                        dict of extra keyword options for
                                                   :func:`homagg.allreduce`
 =================  ===========================  ==============================================
@@ -89,7 +89,7 @@ class BackendConfig:
     switch_control: str | None = None
     emulator_host: str | None = None
     words_per_packet: int | None = None
-    slots: int = 64
+    slots: int | None = None
     codec: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

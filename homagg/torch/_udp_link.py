@@ -29,7 +29,8 @@ from ._switch_setup import SwitchLink
 
 __all__ = ["open_udp", "emulator_host"]
 
-EMBEDDED_WORDS_PER_PACKET = 2048
+EMBEDDED_WORDS_PER_PACKET = 16000  # jumbo datagrams: fastest on loopback (bench ddp: 80 vs 211 ms at 2048)
+EMBEDDED_SLOTS = 16
 _CLOSE_WAIT_S = 10.0
 _emulators: dict[str, list[Any]] = {}  # host -> [RunningSwitch, users]; one emulator per process
 _emulators_lock = threading.Lock()
@@ -113,12 +114,14 @@ def open_udp(
             emulator = _acquire_emulator(host)
             data_addr, ctl_addr = tuple(emulator.data_addr), tuple(emulator.control_addr)
             words = config.words_per_packet or EMBEDDED_WORDS_PER_PACKET
+            slots = config.slots or EMBEDDED_SLOTS
         else:
             data_addr, ctl_addr = config.external_address, config.control_address  # type: ignore[assignment]
             words = config.words_per_packet or 32
+            slots = config.slots or 64
         try:
             with ControlClient(ctl_addr, timeout=min(config.timeout, 10.0)) as ctl:
-                job = ctl.admit(size, n_slots=config.slots, words_per_packet=words)
+                job = ctl.admit(size, n_slots=slots, words_per_packet=words)
         except BaseException:
             if emulator is not None:
                 _release_emulator(host)

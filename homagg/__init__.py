@@ -7,6 +7,9 @@ Public API::
     homagg.CombineOp, homagg.Stream, homagg.SwitchPort, homagg.InProcessSwitch  # switch contract
     homagg.CodecConfig, homagg.WorkerStats, homagg.SCHEMES
     homagg.HomAggError and its subclasses (see homagg._errors)
+
+Importing homagg registers the ``homagg`` torch.distributed backend (the ``torch.backends`` entry
+point does it too, so unmodified scripts work).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from ._errors import (
 from ._protocol import allreduce
 from ._stats import WorkerStats
 from ._switch import CombineOp, InProcessSwitch, Stream, SwitchPort
+from . import torch as _torch_backend  # noqa: F401,E402  registers the "homagg" torch.distributed backend
 
 __version__ = "0.1.0"
 

@@ -43,7 +43,7 @@ def default_build_dir() -> Path:
 def compiler_version(p4c: str = P4C) -> str:
     exe = shutil.which(p4c)
     if exe is None:
-        raise BuildError(f"{p4c} not on PATH; see README.md, "Getting p4c and BMv2"")
+        raise BuildError(f"{p4c} not on PATH; see README.md, section 'Getting p4c and BMv2'")
     out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
     return (out.stdout or out.stderr).strip().splitlines()[-1] if (out.stdout or out.stderr) else "unknown"
 
@@ -56,7 +56,7 @@ def build(out_dir: Path | None = None, *, werror: bool = False, p4c: str = P4C,
         raise ConfigError(f"{src} not found")
     exe = shutil.which(p4c)
     if exe is None:
-        raise BuildError(f"{p4c} not on PATH; see README.md, "Getting p4c and BMv2"")
+        raise BuildError(f"{p4c} not on PATH; see README.md, section 'Getting p4c and BMv2'")
     out = (out_dir or default_build_dir()).resolve()
     out.mkdir(parents=True, exist_ok=True)
     json_path, p4info, log = out / "homagg.json", out / "homagg.p4info.txtpb", out / "p4c.log"

@@ -21,6 +21,7 @@ def allreduce(
     scheme: str = "auto",
     stats: WorkerStats | None = None,
     config: CodecConfig | None = None,
+    inplace: bool = False,
     **options: Any,
 ) -> torch.Tensor:
     """Exact homomorphic SUM of ``tensor`` over the workers behind ``port``.
@@ -31,11 +32,15 @@ def allreduce(
     Raises :class:`NonFiniteError` before sending anything if the input holds NaN/Inf.
     """
     cfg = config if config is not None else CodecConfig.from_options(options)
-    gen = protocol(tensor, port.world_size, scheme, cfg, stats if stats is not None else WorkerStats())
+    gen = protocol(tensor, port.world_size, scheme, cfg, stats if stats is not None else WorkerStats(), inplace)
     try:
         streams = next(gen)
         while True:
             streams = gen.send(port.combine(streams))
     except StopIteration as done:
         flat: torch.Tensor = done.value
+    if inplace:
+        if flat.data_ptr() != tensor.data_ptr():
+            tensor.copy_(flat.reshape(tensor.shape))
+        return tensor
     return flat.reshape(tensor.shape)

@@ -64,13 +64,15 @@ def choose(numel: int, union_estimate: float, limbs: int, cfg: CodecConfig) -> s
 class _Worker:
     """One worker's local view of one tensor: nonzero positions and (later) their grid values."""
 
-    def __init__(self, tensor: torch.Tensor, world_size: int, cfg: CodecConfig) -> None:
+    def __init__(self, tensor: torch.Tensor, world_size: int, cfg: CodecConfig, inplace: bool = False) -> None:
         self.cfg = cfg
         self.world_size = world_size
         self.dtype = tensor.dtype
         self.is_float = _fixedpoint.is_float_dtype(tensor.dtype)
         self.limbs = _fixedpoint.limb_count(tensor.dtype)
         flat = tensor.detach().reshape(-1)
+        # In place: the result overwrites the input, whose zeros outside the union already hold.
+        self.target = flat if inplace and flat.data_ptr() == tensor.data_ptr() and tensor.is_contiguous() else None
         self.numel = flat.numel()
         self.device = flat.device
         self.idx = torch.nonzero(flat).squeeze(1)  # NaN/Inf are nonzero, so checking these suffices
@@ -109,9 +111,19 @@ class _Worker:
             out[slot_c[hit]] = self.grid[hit]
         return out
 
-    def result(self, positions: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
-        """Result tensor (flat, input dtype) holding the combined ``sums`` (U, L) at ``positions``."""
-        out = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
+    def result(self, positions: torch.Tensor, sums: torch.Tensor, covers_local: bool = True) -> torch.Tensor:
+        """Flat result holding the combined ``sums`` (U, L) at ``positions``, zero elsewhere.
+
+        In place, only ``positions`` are written (O(U), no fill): every other element is already
+        zero in the input provided ``positions`` covers this worker's nonzeros (``covers_local``);
+        otherwise those are cleared first.
+        """
+        if self.target is not None:
+            out = self.target
+            if not covers_local:
+                out[self.idx] = 0
+        else:
+            out = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
         if positions.numel():
             if self.is_float:
                 assert self.exponents is not None
@@ -141,10 +153,14 @@ def _exchange(streams: Round, stats: WorkerStats) -> Generator[Round, list[torch
     return [next(it) if s.words.numel() else s.words.clone() for s in streams]
 
 
-def protocol(tensor: torch.Tensor, world_size: int, scheme: str, cfg: CodecConfig, stats: WorkerStats) -> Protocol:
-    """The worker-side protocol; returns the flat result.  decode(sum of encodings) == exact sum."""
+def protocol(tensor: torch.Tensor, world_size: int, scheme: str, cfg: CodecConfig, stats: WorkerStats, inplace: bool = False) -> Protocol:
+    """The worker-side protocol; returns the flat result.  decode(sum of encodings) == exact sum.
+
+    With ``inplace`` the result is written into ``tensor`` when it is contiguous (the returned flat
+    tensor is then a view of it).
+    """
     check_scheme(scheme)
-    w = _Worker(tensor, world_size, cfg)
+    w = _Worker(tensor, world_size, cfg, inplace)
     if scheme == "dense":
         return (yield from _dense(w, stats))
     if scheme == "compact":
@@ -162,7 +178,7 @@ def _dense(w: _Worker, stats: WorkerStats, exponents_done: bool = False) -> Prot
     (sums,) = yield from _exchange([Stream("values", CombineOp.ADD, values.reshape(-1))], stats)
     sums = sums.reshape(-1, w.limbs)
     nonzero = torch.nonzero(sums.any(dim=1)).squeeze(1)
-    return w.result(nonzero, sums[nonzero])
+    return w.result(nonzero, sums[nonzero], covers_local=False)
 
 
 def _compact(w: _Worker, stats: WorkerStats, exponents_done: bool = False) -> Protocol:

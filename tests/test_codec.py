@@ -190,3 +190,25 @@ def test_property_int64_exact(world: int, values: list[int]) -> None:
     xs = [torch.tensor(values, dtype=torch.int64) * (r - 1) for r in range(world)]
     for scheme in SCHEMES:
         assert torch.equal(local_allreduce(xs, scheme)[0], sum(xs, torch.zeros(len(values), dtype=torch.int64)))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_inplace_matches_out_of_place(scheme: str) -> None:
+    xs = sparse_inputs(3, 9000, 0.05, "overlap", seed=4, grid=False)
+    want = local_allreduce(xs, scheme)[0]
+    switch = homagg.InProcessSwitch(3)
+    outs: list[torch.Tensor] = [torch.empty(0)] * 3
+    strided = torch.empty(2 * 9000)[::2]  # a non-contiguous view holding worker 2's input
+    strided.copy_(xs[2])
+    targets = [x.clone() for x in xs[:2]] + [strided]
+    import threading
+
+    def work(r: int) -> None:
+        outs[r] = homagg.allreduce(targets[r], switch.port(r), scheme=scheme, inplace=True)
+
+    ts = [threading.Thread(target=work, args=(r,)) for r in range(3)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    for r in range(3):
+        assert outs[r] is targets[r]
+        assert torch.equal(outs[r], want)

@@ -3,7 +3,7 @@
 W workers' protocols run in lockstep in one thread; the switch is ``combine_words`` (not timed).
 Worker 0's compute is timed: ``encode_s`` is the time spent producing streams (every span of the
 protocol that ends in sending a round), ``decode_s`` the final span that turns combined words into
-the result tensor.  ``baseline_add_s`` is one dense fp32 ``torch.add`` of the same size, timed in
+the result tensor, in place in the input as the torch backend does.  ``baseline_add_s`` is one dense fp32 ``torch.add`` of the same size, timed in
 the same run.  Every figure is the median over ``--repeats`` runs.
 """
 
@@ -60,7 +60,8 @@ def _sync(device: str) -> None:
 def _one_run(tensors: list[torch.Tensor], scheme: str, cfg: CodecConfig, device: str) -> tuple[float, float, WorkerStats]:
     world = len(tensors)
     stats = [WorkerStats() for _ in range(world)]
-    gens = [protocol(t, world, scheme, cfg, s) for t, s in zip(tensors, stats)]
+    # in place, as the torch backend decodes (the clones are made before any timing)
+    gens = [protocol(t.clone(), world, scheme, cfg, s, inplace=True) for t, s in zip(tensors, stats, strict=True)]
     encode = decode = 0.0
     replies: list[Any] = [None] * world
     while True:

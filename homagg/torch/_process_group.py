@@ -161,10 +161,9 @@ class ProcessGroupHomagg(ProcessGroup):
     def _codec_allreduce(self, tensors: list[torch.Tensor], op: Any) -> TaskResult:
         port = self.switch.port
         for t in tensors:
-            out = self._allreduce_fn(t, port, scheme=self.config.scheme, config=self._codec)
+            self._allreduce_fn(t, port, scheme=self.config.scheme, config=self._codec, inplace=True)
             if op == dist.ReduceOp.AVG:
-                out = out.div_(self.size())
-            t.copy_(out)
+                t.div_(self.size())
         return tensors
 
     # ------------------------------------------------------------------ delegated on the worker

@@ -85,7 +85,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: int = 16, repeats: int = 5,
+def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: int = 64, repeats: int = 5,
             drop: float = 0.0, timeout: float = 60.0) -> dict[str, Any]:
     """One configuration: start an emulator, run the workers, return the record."""
     import switch_emulator
@@ -127,7 +127,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", default="4", help="worker processes, comma-separated list (default 4)")
     p.add_argument("--numel", default="10000000", help="int32 words per worker, comma-separated (default 10M)")
     p.add_argument("--words-per-packet", type=int, default=16000, help="K, words per packet (default 16000, jumbo)")
-    p.add_argument("--slots", type=int, default=16, help="window: slots of the job (default 16)")
+    p.add_argument("--slots", type=int, default=64, help="window: slots of the job (default 64)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats after one warm-up; medians reported")
     p.add_argument("--drop", type=float, default=0.0, help="loss injected at the emulator")
     p.add_argument("--timeout", type=float, default=60.0)

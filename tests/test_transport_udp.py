@@ -100,6 +100,44 @@ def test_raw_streams_every_op_many_rounds(switch) -> None:
         ctl.remove(job.job_id)
 
 
+def test_result_arrays_recycled_only_when_unreferenced(switch) -> None:
+    """Results the caller still holds (tensor, view, numpy) are never overwritten; dropped ones are reused."""
+    world, ctl = 2, ControlClient(switch.control_addr)
+    job = ctl.admit(world, n_slots=4, words_per_packet=16)
+    ports = [UdpSwitchPort(switch.data_addr, job=job, rank=r, control=switch.control_addr, timeout=10)
+             for r in range(world)]
+    n = 100
+
+    def round_(v: int) -> list:
+        return _threads(lambda r: ports[r].combine([Stream("x", CombineOp.ADD, torch.full((n,), v + r, dtype=torch.int32))])[0],
+                        world)
+
+    try:
+        held = round_(1)  # tensors
+        view = round_(10)[0][3:7]  # a view of rank 0's result
+        arr = round_(100)[0].numpy()
+        ptrs = {held[0].data_ptr(), view.data_ptr() - 3 * 4, arr.ctypes.data}
+        for v in (1000, 2000, 3000):
+            res = round_(v)
+            assert torch.equal(res[0], torch.full((n,), 2 * v + 1, dtype=torch.int32))
+            assert res[0].data_ptr() not in ptrs
+        assert torch.equal(held[0], torch.full((n,), 3, dtype=torch.int32))
+        assert torch.equal(view, torch.full((4,), 21, dtype=torch.int32))
+        assert (arr == 201).all()
+        del res
+        a = round_(1)[0]
+        b = round_(2)[0]
+        a_ptr = a.data_ptr()
+        del a
+        c = round_(3)[0]  # ``a``'s array is free again: recycled
+        assert c.data_ptr() == a_ptr and torch.equal(c, torch.full((n,), 7, dtype=torch.int32))
+        assert torch.equal(b, torch.full((n,), 5, dtype=torch.int32))
+    finally:
+        for p in ports:
+            p.close()
+        ctl.remove(job.job_id)
+
+
 def test_port_rejects_bad_config(switch) -> None:
     with pytest.raises(ConfigError):
         UdpSwitchPort(switch.data_addr, rank=0)

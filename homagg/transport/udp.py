@@ -13,6 +13,11 @@ is resent with ``FLAG_RETRANSMIT`` (RTO from a smoothed RTT, doubled per retry u
 ``max_rto``); the switch answers a retransmission of a completed slot from its shadow copy.
 Duplicated, reordered and stale results are ignored (matched on slot, bank, tag, offset).
 
+Output arrays are recycled: the port keeps the result arrays of its last two rounds and reuses one
+for a stream of the same length once nothing else references it any more (no tensor, view or
+array of the caller's), so a round does not fault in fresh pages for its results; :meth:`close`
+releases them.
+
 Never hangs: when no chunk completes for ``timeout`` seconds, :class:`~homagg.SwitchTimeoutError`
 is raised naming the job, the oldest pending slot/bank/offset and the workers the switch has not
 heard from for it (asked over the control port when ``control`` is given).  The error object has
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import select
 import socket
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -109,6 +115,7 @@ class UdpSwitchPort(SwitchPort):
         self._bufs = [bytearray(HEADER_LEN + 4 * k) for _ in range(n)]
         self._rbuf = bytearray(HEADER_LEN + 4 * MAX_WORDS_JUMBO + 64)
         self._seq = 0  # global chunk counter, identical on every worker of the job
+        self._spare: list[np.ndarray] = []  # result arrays of the last rounds, reused once unreferenced
         self._srtt: float | None = None
         self._rttvar = 0.0
         self.stats: dict[str, int] = {"packets": 0, "retransmits": 0, "results": 0, "ignored": 0, "rounds": 0}
@@ -122,7 +129,7 @@ class UdpSwitchPort(SwitchPort):
     # ------------------------------------------------------------------------------------------
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
         srcs = [s.words.detach().cpu().contiguous().numpy() for s in streams]
-        outs = [np.empty(a.size, dtype=np.int32) for a in srcs]
+        outs = [self._out_array(a.size) for a in srcs]
         k = self.job.words_per_packet
         chunks: list[tuple[int, int, int, int]] = []  # (stream, offset, word_count, op)
         for j, (s, a) in enumerate(zip(streams, srcs)):
@@ -130,7 +137,20 @@ class UdpSwitchPort(SwitchPort):
         self.stats["rounds"] += 1
         if chunks:
             self._run(chunks, srcs, outs, streams)
+        self._spare = self._spare[-len(outs):] + outs  # at most two rounds' worth
         return [torch.from_numpy(o) for o in outs]
+
+    def _out_array(self, n: int) -> np.ndarray:
+        """An int32 array of ``n`` words for results: a spare one nobody references, else a new one."""
+        spare = self._spare
+        for k in range(len(spare)):
+            arr = spare[k]
+            # references: the spare list, ``arr`` and getrefcount's argument; a live tensor, view or
+            # array made from it would add one (torch.from_numpy holds the array)
+            if arr.size == n and sys.getrefcount(arr) <= 3:
+                del spare[k]
+                return arr
+        return np.empty(n, dtype=np.int32)
 
     def _run(self, chunks: list[tuple[int, int, int, int]], srcs: list[np.ndarray], outs: list[np.ndarray],
              streams: Sequence[Stream]) -> None:
@@ -290,6 +310,7 @@ class UdpSwitchPort(SwitchPort):
         return err
 
     def close(self) -> None:
+        self._spare = []
         self.sock.close()
         if self._ctl is not None:
             self._ctl.close()

@@ -1,10 +1,12 @@
 /* admission.p4: is the packet for the aggregation service, and from an admitted worker?
  *
  * Stage 1 (switch_emulator/pipeline.py parser checks + switch_emulator/admission.py):
+ *   Applied to UDP datagrams for port HOMAGG_UDP_PORT (the port the emulator listens on).
  *   local_address: the IPv4 destination is one of the switch's service addresses -> meta.to_switch.
  *                  Other homagg-looking packets (e.g. results crossing a leaf switch) are forwarded.
- *   header checks: version, op, word_count in 1..P4_WORDS and equal to what the UDP length says,
- *                  no RESULT flag (drop_version / _op / _length / _result_flag).
+ *   header checks, in the emulator's order: a whole homagg header (drop_short), version, op,
+ *                  word_count >= 1 and equal to what the UDP length says and every word present
+ *                  (drop_length), no RESULT flag (drop_result_flag).
  *   admission:     source (ip, udp port) -> (job, worker) and the job's configuration; no entry:
  *                  drop_unknown_source; header job/worker differ: drop_admission_mismatch; more words
  *                  than the job was admitted with: drop_word_count.  A direct counter counts each
@@ -13,7 +15,7 @@
 #ifndef HOMAGG_ADMISSION_P4
 #define HOMAGG_ADMISSION_P4
 
-control Admission(inout headers_t hdr, inout metadata_t meta) {
+control Admission(inout headers_t hdr, inout metadata_t meta, in error parser_error) {
     direct_counter(CounterType.packets_and_bytes) source_packets;
 
     action service_address() {
@@ -28,7 +30,8 @@ control Admission(inout headers_t hdr, inout metadata_t meta) {
     }
 
     action admit(bit<16> job_id, bit<8> worker_id, bit<16> slot_base, bit<16> n_slots,
-                 bit<8> world_size, bit<16> words_per_packet, bit<16> mcast_grp, bit<9> worker_port) {
+                 bit<8> world_size, bit<16> words_per_packet, bit<16> mcast_grp, bit<9> worker_port,
+                 bit<32> epoch) {
         source_packets.count();
         meta.job_id = job_id;
         meta.worker_id = worker_id;
@@ -38,6 +41,7 @@ control Admission(inout headers_t hdr, inout metadata_t meta) {
         meta.words_per_packet = words_per_packet;
         meta.mcast_grp = mcast_grp;
         meta.worker_port = worker_port;
+        meta.epoch = epoch;
     }
 
     action unknown_source() {
@@ -58,12 +62,14 @@ control Admission(inout headers_t hdr, inout metadata_t meta) {
 
     apply {
         if (local_address.apply().hit) {
-            if (hdr.homagg.version != HOMAGG_VERSION) {
+            if (!hdr.homagg.isValid()) {
+                meta.drop_reason = DROP_SHORT;
+            } else if (hdr.homagg.version != HOMAGG_VERSION) {
                 meta.drop_reason = DROP_VERSION;
             } else if (hdr.homagg.op > OP_MAX) {
                 meta.drop_reason = DROP_OP;
-            } else if (hdr.homagg.word_count == 0 || hdr.homagg.word_count > P4_WORDS
-                       || hdr.udp.length != 8 + HEADER_LEN + (hdr.homagg.word_count << 2)
+            } else if (hdr.homagg.word_count == 0 || parser_error != error.NoError
+                       || (bit<32>) hdr.udp.length != 8 + (bit<32>) HEADER_LEN + ((bit<32>) hdr.homagg.word_count << 2)
                        || hdr.ipv4.total_len != 20 + hdr.udp.length) {
                 meta.drop_reason = DROP_LENGTH;
             } else if ((hdr.homagg.flags & FLAG_RESULT) != 0) {
@@ -74,6 +80,8 @@ control Admission(inout headers_t hdr, inout metadata_t meta) {
                     if (meta.job_id != hdr.homagg.job_id || meta.worker_id != hdr.homagg.worker_id) {
                         meta.drop_reason = DROP_ADMISSION_MISMATCH;
                     } else if (hdr.homagg.word_count > meta.words_per_packet) {
+                        /* the controller admits words_per_packet <= P4_WORDS: this also drops the
+                         * word counts beyond P4_WORDS, whose words the parser left unparsed */
                         meta.drop_reason = DROP_WORD_COUNT;
                     }
                 }

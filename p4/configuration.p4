@@ -45,16 +45,17 @@ const bit<8>  VERDICT_CONFLICT  = 5;       /* new contribution whose key differs
 const bit<32> DROP_NONE               = 0;
 const bit<32> DROP_VERSION            = 1;
 const bit<32> DROP_OP                 = 2;
-const bit<32> DROP_LENGTH             = 3;   /* word_count 0 / > P4_WORDS, or lengths disagree */
+const bit<32> DROP_LENGTH             = 3;   /* word_count 0, lengths disagree, or payload cut short */
 const bit<32> DROP_RESULT_FLAG        = 4;
 const bit<32> DROP_UNKNOWN_SOURCE     = 5;
 const bit<32> DROP_ADMISSION_MISMATCH = 6;   /* header job/worker differ from the admitted source */
-const bit<32> DROP_WORD_COUNT         = 7;   /* more words than the job was admitted with */
+const bit<32> DROP_WORD_COUNT         = 7;   /* more words than the job was admitted with (or > P4_WORDS) */
 const bit<32> DROP_SLOT_RANGE         = 8;
 const bit<32> DROP_DUPLICATE          = 9;
 const bit<32> DROP_STALE              = 10;
 const bit<32> DROP_CONFLICT           = 11;
 const bit<32> DROP_CONSUMED           = 12;  /* not an error: absorbed, use not complete yet */
+const bit<32> DROP_SHORT              = 13;  /* UDP payload shorter than the homagg header */
 const bit<32> DROP_REASONS            = 16;  /* size of the drop_reasons counter */
 
 /* Multicast groups: the job's result group is chosen by the controller (one per job);

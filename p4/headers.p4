@@ -90,6 +90,7 @@ struct metadata_t {
     bit<16> words_per_packet;
     bit<16> mcast_grp;       /* the job's result multicast group */
     bit<9>  worker_port;     /* egress port towards the sending worker (unicast answers) */
+    bit<32> epoch;           /* the job's admission epoch (state.p4: cells of other epochs read as zero) */
     bit<32> cell;
     bit<32> other_cell;
     bit<8>  count;

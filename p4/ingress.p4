@@ -24,8 +24,8 @@ control HomaggIngress(inout headers_t hdr, inout metadata_t meta,
 
     apply {
         meta.drop_reason = DROP_NONE;
-        if (hdr.homagg.isValid()) {
-            admission.apply(hdr, meta);
+        if (hdr.udp.isValid() && hdr.udp.dst_port == HOMAGG_UDP_PORT) {
+            admission.apply(hdr, meta, standard_metadata.parser_error);
         }
         if (!meta.to_switch) {
             /* Not addressed to the aggregation service: ordinary forwarding. */

@@ -3,7 +3,9 @@
  * A UDP datagram is taken as homagg's only if its destination port is HOMAGG_UDP_PORT; its payload
  * words are extracted one by one into the words[] stack when 1 <= word_count <= P4_WORDS; other
  * counts leave words[] empty (dropped by admission when addressed to the switch, forwarded
- * untouched otherwise).  Anything else is left unparsed and forwarded by forward.p4.
+ * untouched otherwise).  A datagram shorter than its header or its words ends the parser with
+ * PacketTooShort (v1model still runs ingress: admission drops it as short / length).  Anything else
+ * is left unparsed and forwarded by forward.p4.
  */
 #ifndef HOMAGG_PARSER_P4
 #define HOMAGG_PARSER_P4

@@ -6,7 +6,13 @@
  *                        .. world_size (complete; stays so until the next use's first write)
  *   use_key[cell]        key of the current use: offset(32) ++ tag(16) ++ op(8) ++ word_count(8)
  *   pool_wNN[cell]       payload word NN of the combined result (NN = 00 .. 31)
- * The controller zeroes a job's cells when it admits or removes the job.
+ *   cell_epoch[cell]     the admission epoch of the job that wrote the cell's first contribution
+ *
+ * Zeroing without register writes: P4Runtime register writes are not implemented by PI (the
+ * P4Runtime server of simple_switch_grpc), and simple_switch_grpc has no thrift server.  So every
+ * admission of a job gets a fresh nonzero epoch from the controller (an admit() action parameter);
+ * a cell whose cell_epoch differs from the packet's job epoch is read as zero (bitmap 0, count 0:
+ * never used), exactly like the emulator's freshly zeroed JobState.  A FIRST write stores the epoch.
  */
 #ifndef HOMAGG_STATE_P4
 #define HOMAGG_STATE_P4
@@ -26,6 +32,7 @@
 register<bit<32>>(POOL_CELLS) worker_bitmap;
 register<bit<8>>(POOL_CELLS)  contributions;
 register<bit<64>>(POOL_CELLS) use_key;
+register<bit<32>>(POOL_CELLS) cell_epoch;
 
 #define DECLARE_WORD(N, I) register<bit<32>>(POOL_CELLS) pool_w##N;
 FOR_EACH_WORD(DECLARE_WORD)

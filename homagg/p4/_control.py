@@ -15,8 +15,13 @@ up a leaf's uplink).
 
 Operations (all idempotent — an existing entry is modified, a missing one on removal is ignored):
 ``push`` (pipeline, unless the device already runs the same one), ``configure`` (service address,
-L2 entries, flood group), ``add`` (job: admission, result rewrite, multicast group, zeroed
-registers), ``remove`` (job), ``counters``.  Errors: :class:`SwitchUnreachableError` when gRPC
+L2 entries, flood group), ``add`` (job: admission, result rewrite, multicast group, and a fresh
+admission epoch, which makes the job's cells read as zero), ``remove`` (job), ``counters``.
+
+Registers are never written over P4Runtime: PI (the P4Runtime server in ``simple_switch_grpc``)
+answers register writes and reads with UNIMPLEMENTED, and ``simple_switch_grpc`` has no thrift
+server.  Instead each admission carries a random nonzero 32-bit epoch in its ``admit`` entries;
+the data plane treats a cell stamped with another epoch as never used (``p4/state.p4``).  Errors: :class:`SwitchUnreachableError` when gRPC
 does not answer, :class:`PipelineMismatchError` when the device runs another program.
 """
 
@@ -26,6 +31,7 @@ import argparse
 import hashlib
 import ipaddress
 import json
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,8 +57,12 @@ __all__ = [
 DROP_REASON_NAMES = {
     1: "drop_version", 2: "drop_op", 3: "drop_length", 4: "drop_result_flag", 5: "drop_unknown_source",
     6: "drop_admission_mismatch", 7: "drop_word_count", 8: "drop_slot_range", 9: "drop_duplicate",
-    10: "drop_stale", 11: "drop_conflict", 12: "consumed",
+    10: "drop_stale", 11: "drop_conflict", 12: "consumed", 13: "drop_short",
 }
+
+
+#: google.rpc canonical codes (as in p4.v1.Error.canonical_code)
+_ALREADY_EXISTS, _NOT_FOUND = 6, 5
 
 
 class SwitchUnreachableError(TransportError):
@@ -260,6 +270,30 @@ class P4Controller:
                                         "(push it again)")
 
     # -- writes -------------------------------------------------------------------------------
+    def _error_codes(self, exc: Any) -> list[tuple[int, str]]:
+        """Per-update (canonical code, message) of a failed Write.
+
+        PI answers a failed batch with gRPC status UNKNOWN and the real codes as ``p4.v1.Error``
+        messages in the ``grpc-status-details-bin`` trailer (google.rpc.Status details).
+        """
+        out: list[tuple[int, str]] = []
+        try:
+            from google.rpc import status_pb2
+
+            for key, value in exc.trailing_metadata() or ():
+                if key == "grpc-status-details-bin":
+                    st = status_pb2.Status()
+                    st.ParseFromString(value)
+                    for d in st.details:
+                        err = self._pb.Error()
+                        if d.Unpack(err):
+                            out.append((err.canonical_code, err.message))
+        except Exception:  # noqa: BLE001 - best effort: fall back to the status itself
+            pass
+        if not out:
+            out.append((exc.code().value[0], exc.details() or ""))
+        return out
+
     def _write(self, updates: list[tuple[str, Any]], *, ignore_missing: bool = False) -> None:
         """Apply updates one by one: INSERT falls back to MODIFY, DELETE of a missing entry is ignored."""
         U = self._pb.Update
@@ -272,21 +306,22 @@ class P4Controller:
             try:
                 self.stub.Write(req, timeout=self.timeout)
             except self._grpc.RpcError as exc:
-                text = f"{exc.details()} {exc.debug_error_string() if hasattr(exc, 'debug_error_string') else ''}"
-                if kind == "insert" and ("ALREADY_EXISTS" in text or "already" in text.lower()
-                                         or exc.code() == self._grpc.StatusCode.ALREADY_EXISTS):
+                if exc.code() == self._grpc.StatusCode.UNAVAILABLE:
+                    raise SwitchUnreachableError(f"{self.addr}: {exc.details()}") from exc
+                errors = self._error_codes(exc)
+                codes = {c for c, _ in errors}
+                text = "; ".join(m for _, m in errors) or str(exc.details())
+                if kind == "insert" and _ALREADY_EXISTS in codes:
                     up.type = U.MODIFY
                     try:
                         self.stub.Write(req, timeout=self.timeout)
                         continue
                     except self._grpc.RpcError as exc2:
-                        raise ConfigError(f"{self.addr}: modify failed: {exc2.details()}") from exc2
-                if kind == "delete" and (ignore_missing or exc.code() == self._grpc.StatusCode.NOT_FOUND
-                                         or "NOT_FOUND" in text):
+                        text2 = "; ".join(m for _, m in self._error_codes(exc2))
+                        raise ConfigError(f"{self.addr}: modify failed: {text2}") from exc2
+                if kind == "delete" and (ignore_missing or _NOT_FOUND in codes):
                     continue
-                if exc.code() == self._grpc.StatusCode.UNAVAILABLE:
-                    raise SwitchUnreachableError(f"{self.addr}: {exc.details()}") from exc
-                raise ConfigError(f"{self.addr}: {kind} failed: {exc.details()}") from exc
+                raise ConfigError(f"{self.addr}: {kind} failed: {text}") from exc
 
     def table_entry(self, table: str, match: dict[str, int], action: str | None = None,
                     params: dict[str, int] | None = None) -> Any:
@@ -322,19 +357,10 @@ class P4Controller:
             r.instance = rid
         return ent
 
-    def reset_cells(self, first_cell: int, n_cells: int) -> None:
-        """Zero worker_bitmap, contributions and use_key for cells [first_cell, first_cell + n_cells)."""
-        ups = []
-        for reg in ("worker_bitmap", "contributions", "use_key"):
-            r = self.info.get("registers", reg)
-            width = r.type_spec.bitstring.bit.bitwidth
-            for cell in range(first_cell, first_cell + n_cells):
-                ent = self._pb.Entity()
-                ent.register_entry.register_id = r.preamble.id
-                ent.register_entry.index.index = cell
-                ent.register_entry.data.bitstring = _enc(0, width)
-                ups.append(("modify", ent))
-        self._write(ups)
+    @staticmethod
+    def new_epoch() -> int:
+        """A fresh admission epoch: random, nonzero (cells of a never-used pool are stamped 0)."""
+        return secrets.randbits(32) or 1
 
     # -- homagg operations ----------------------------------------------------------------
     def configure(self, sw: SwitchConfig) -> None:
@@ -363,12 +389,16 @@ class P4Controller:
             raise ConfigError(f"job {job.job_id}: words_per_packet {job.words_per_packet} > {P4_WORDS} (P4 target)")
 
     def add_job(self, sw: SwitchConfig, job: JobSpec) -> None:
-        """Admit ``job`` (every worker with an address): entries, multicast group, zeroed cells."""
+        """Admit ``job`` (every worker with an address): entries, multicast group, fresh epoch.
+
+        The epoch (see the module doc) makes every cell of the job's slot range read as zero, as a
+        newly admitted job's state in the emulator; admitting again starts from zero again.
+        """
         job.validate()
         self._check_job(job)
         if not sw.service_ip or not sw.service_mac:
             raise ConfigError(f"switch {sw.name} has no service address: it cannot aggregate")
-        self.reset_cells(2 * job.slot_base, 2 * job.n_slots)
+        epoch = self.new_epoch()
         group = self.mcast_group(job.job_id)
         ups: list[tuple[str, Any]] = []
         replicas = []
@@ -378,7 +408,7 @@ class P4Controller:
                 "admission", {"hdr.ipv4.src_addr": _ip(w.ip), "hdr.udp.src_port": w.port}, "admit",
                 {"job_id": job.job_id, "worker_id": w.worker_id, "slot_base": job.slot_base, "n_slots": job.n_slots,
                  "world_size": job.world_size, "words_per_packet": job.words_per_packet, "mcast_grp": group,
-                 "worker_port": h.port})))
+                 "worker_port": h.port, "epoch": epoch})))
             ups.append(("insert", self.table_entry(
                 "result_rewrite", {"hdr.homagg.job_id": job.job_id, "hdr.homagg.worker_id": w.worker_id}, "to_worker",
                 {"switch_mac": _mac(sw.service_mac), "switch_ip": _ip(sw.service_ip), "worker_mac": _mac(h.mac),
@@ -388,7 +418,11 @@ class P4Controller:
         self._write(ups)
 
     def remove_job(self, sw: SwitchConfig, job: JobSpec) -> None:
-        """Forget ``job``: its entries and group go, its cells are zeroed (missing pieces ignored)."""
+        """Forget ``job``: its entries and group go (missing pieces ignored).
+
+        Its cells keep their values but can no longer be reached; a later admission of the range
+        gets a new epoch and reads them as zero.
+        """
         ups: list[tuple[str, Any]] = []
         for w in job.workers:
             ups.append(("delete", self.table_entry("admission", {"hdr.ipv4.src_addr": _ip(w.ip),
@@ -397,8 +431,6 @@ class P4Controller:
                                                                       "hdr.homagg.worker_id": w.worker_id})))
         ups.append(("delete", self.multicast_entity(self.mcast_group(job.job_id), [])))
         self._write(ups, ignore_missing=True)
-        self._check_job(job)
-        self.reset_cells(2 * job.slot_base, 2 * job.n_slots)
 
     def read_counters(self) -> dict[str, Any]:
         """Drop reasons by emulator name, and per admitted source packets/bytes."""
@@ -414,6 +446,8 @@ class P4Controller:
                     out[DROP_REASON_NAMES[idx]] = e.counter_entry.data.packet_count
         sources = []
         t = self.info.get("tables", "admission")
+        mf_names = {m.id: m.name for m in t.match_fields}
+        p_names = {p.id: p.name for p in self.info.get("actions", "admit").params}
         req = self._pb.ReadRequest(device_id=self.device_id)
         ent = req.entities.add()
         ent.table_entry.table_id = t.preamble.id
@@ -423,10 +457,12 @@ class P4Controller:
                 te = e.table_entry
                 if not te.match:
                     continue
-                vals = [int.from_bytes(m.exact.value, "big") for m in te.match]
-                params = {p.param_id: int.from_bytes(p.value, "big") for p in te.action.action.params}
-                sources.append({"ip": str(ipaddress.IPv4Address(vals[0])), "port": vals[1],
-                                "job_id": params.get(1), "worker_id": params.get(2),
+                vals = {mf_names.get(m.field_id): int.from_bytes(m.exact.value, "big") for m in te.match}
+                params = {p_names.get(p.param_id): int.from_bytes(p.value, "big") for p in te.action.action.params}
+                ip = next(v for k, v in vals.items() if k and k.endswith("src_addr"))
+                port = next(v for k, v in vals.items() if k and k.endswith("src_port"))
+                sources.append({"ip": str(ipaddress.IPv4Address(ip)), "port": port,
+                                "job_id": params.get("job_id"), "worker_id": params.get("worker_id"),
                                 "packets": te.counter_data.packet_count})
         out["sources"] = sorted(sources, key=lambda s: (s["job_id"] or 0, s["worker_id"] or 0))
         return out

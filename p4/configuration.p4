@@ -62,4 +62,11 @@ const bit<32> DROP_REASONS            = 16;  /* size of the drop_reasons counter
  * FLOOD_GROUP replicates broadcast frames (ARP) to every port. */
 const bit<16> FLOOD_GROUP       = 0xFFFF;
 
+/* ---- compile-time checks; they also read the [wire] constants the pipeline does not otherwise
+ * use (p4c warns about unused constants, and the build runs with --Werror) ---- */
+const bool CHECK_POOL_CELLS = static_assert(POOL_CELLS == 2 * SLOT_POOL_SIZE, "POOL_CELLS = 2 * SLOT_POOL_SIZE");
+const bool CHECK_POOL_SLOTS = static_assert(SLOT_POOL_SIZE <= MAX_SLOTS, "the pool fits the 15-bit slot field");
+const bool CHECK_WORKERS    = static_assert(MAX_WORKERS == 32, "worker bitmaps are bit<32>");
+const bool CHECK_FLAGS      = static_assert((FLAG_RESULT & FLAG_RETRANSMIT) == 0, "flags are distinct bits");
+
 #endif

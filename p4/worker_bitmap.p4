@@ -29,9 +29,9 @@ control WorkerBitmap(inout headers_t hdr, inout metadata_t meta) {
             bm = 0;
             meta.count = 0;
         }
-        bit<64> key = hdr.homagg.offset ++ hdr.homagg.tag ++ (bit<8>) hdr.homagg.op
+        bit<64> pkt_key = hdr.homagg.offset ++ hdr.homagg.tag ++ (bit<8>) hdr.homagg.op
                       ++ (bit<8>) hdr.homagg.word_count;
-        bool same_key = meta.count != 0 && stored == key;
+        bool same_key = meta.count != 0 && stored == pkt_key;
         bool complete = meta.count == meta.world_size;
 
         if ((bm & mine) != 0) {
@@ -58,7 +58,7 @@ control WorkerBitmap(inout headers_t hdr, inout metadata_t meta) {
             worker_bitmap.read(other, meta.other_cell);
             worker_bitmap.write(meta.other_cell, other & ~mine);
             if (meta.verdict == VERDICT_FIRST) {
-                use_key.write(meta.cell, key);
+                use_key.write(meta.cell, pkt_key);
                 cell_epoch.write(meta.cell, meta.epoch);
             }
         } else if (meta.verdict == VERDICT_ANSWER) {

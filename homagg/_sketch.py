@@ -73,7 +73,7 @@ def peel(union_idx: torch.Tensor, sketch_words: torch.Tensor, limbs: int, seed: 
     remaining = torch.arange(u, device=device)
     w = where
     while remaining.numel():
-        pure = counts[w.reshape(-1)].reshape(-1, K) == 1
+        pure = counts.index_select(0, w.reshape(-1)).reshape(-1, K) == 1
         peelable = pure.any(dim=1)
         sel = torch.nonzero(peelable).squeeze(1)
         if sel.numel() == 0:

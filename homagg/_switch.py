@@ -86,7 +86,8 @@ class SwitchPort(abc.ABC):
 
     @abc.abstractmethod
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
-        """Send this worker's round; return the combined words of every stream (same order, int32)."""
+        """Send this worker's round; return the combined words of every stream (same order, int32,
+        on the device of that stream's words)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources held by this port."""

@@ -138,7 +138,8 @@ class UdpSwitchPort(SwitchPort):
         if chunks:
             self._run(chunks, srcs, outs, streams)
         self._spare = self._spare[-len(outs):] + outs  # at most two rounds' worth
-        return [torch.from_numpy(o) for o in outs]
+        # results go back to the device the words came from (only compressed words cross to the host)
+        return [torch.from_numpy(o).to(s.words.device) for o, s in zip(outs, streams, strict=True)]
 
     def _out_array(self, n: int) -> np.ndarray:
         """An int32 array of ``n`` words for results: a spare one nobody references, else a new one."""

@@ -212,3 +212,13 @@ def test_inplace_matches_out_of_place(scheme: str) -> None:
     for r in range(3):
         assert outs[r] is targets[r]
         assert torch.equal(outs[r], want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_cuda_tensors_give_the_cpu_result(scheme: str) -> None:
+    xs = sparse_inputs(3, 50000, 0.02, "overlap", seed=8, grid=False)
+    want = local_allreduce(xs, scheme)[0]
+    got = local_allreduce([x.cuda() for x in xs], scheme)
+    assert all(g.device.type == "cuda" for g in got)
+    assert torch.equal(got[0].cpu(), want)

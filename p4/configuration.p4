@@ -59,8 +59,9 @@ const bit<32> DROP_SHORT              = 13;  /* UDP payload shorter than the hom
 const bit<32> DROP_REASONS            = 16;  /* size of the drop_reasons counter */
 
 /* Multicast groups: the job's result group is chosen by the controller (one per job);
- * FLOOD_GROUP replicates broadcast frames (ARP) to every port. */
-const bit<16> FLOOD_GROUP       = 0xFFFF;
+ * FLOOD_GROUP replicates broadcast frames (ARP) to every port.  PI (the P4Runtime server) accepts
+ * group ids 1 .. 2^15 - 1 only (it reserves the upper half). */
+const bit<16> FLOOD_GROUP       = 0x7FFF;
 
 /* ---- compile-time checks; they also read the [wire] constants the pipeline does not otherwise
  * use (p4c warns about unused constants, and the build runs with --Werror) ---- */

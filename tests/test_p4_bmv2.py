@@ -216,8 +216,11 @@ def _run_bmv2(tmp: Path, built, seq, expected: int, grpc_port: int = 50551,  # n
         log.close()
     from scapy.utils import rdpcap
 
-    frames = {p: [bytes(f) for f in rdpcap(str(tmp / f"p{p}_out.pcap"))] if (tmp / f"p{p}_out.pcap").exists() else []
-              for p in ports}
+    def read(p: int) -> list[bytes]:  # a port that sent nothing may leave an empty file (no pcap header)
+        f = tmp / f"p{p}_out.pcap"
+        return [bytes(x) for x in rdpcap(str(f))] if f.exists() and f.stat().st_size >= 24 else []
+
+    frames = {p: read(p) for p in ports}
     return frames, counters
 
 

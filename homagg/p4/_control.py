@@ -378,8 +378,9 @@ class P4Controller:
 
     @staticmethod
     def mcast_group(job_id: int) -> int:
-        """The job's result multicast group (never 0 nor FLOOD_GROUP)."""
-        return 1 + job_id % 0xFFFE
+        """The job's result multicast group: the job id itself for ids 1 .. 32766, never 0 nor
+        FLOOD_GROUP (0x7FFF); PI accepts group ids below 2^15 only."""
+        return 1 + (job_id - 1) % 0x7FFE
 
     def _check_job(self, job: JobSpec) -> None:
         pool = self.consts["SLOT_POOL_SIZE"].value

@@ -33,7 +33,8 @@ class Bmv2Switch(Switch):
     def __init__(self, name: str, device_id: int = 0, grpc_port: int = 9559, thrift_port: int = 9090,
                  **kw: Any) -> None:
         kw.setdefault("dpid", f"{device_id + 1:016x}")
-        Switch.__init__(self, name, inNamespace=False, **kw)
+        kw["inNamespace"] = False  # Mininet passes its default (False) too: ours must win, once
+        Switch.__init__(self, name, **kw)
         self.device_id, self.grpc_port, self.thrift_port = device_id, grpc_port, thrift_port
         self.log_path: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None

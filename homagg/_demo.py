@@ -16,7 +16,6 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 from ._errors import ConfigError

@@ -201,7 +201,10 @@ def _hll_size(numel: int, cfg: CodecConfig) -> int:
 def _union_stats(w: _Worker) -> Round:
     cfg = w.cfg
     nnz = w.idx.numel()
-    small = lambda name, op, vals: Stream(name, op, torch.tensor(vals, dtype=torch.int32, device=w.device))  # noqa: E731
+
+    def small(name: str, op: CombineOp, vals: list[int]) -> Stream:
+        return Stream(name, op, torch.tensor(vals, dtype=torch.int32, device=w.device))
+
     return [
         Stream("hll", CombineOp.MAX, hll_registers(w.idx, _hll_size(w.numel, cfg), cfg.seed)),
         small("nnz_max", CombineOp.MAX, [nnz]),

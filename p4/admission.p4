@@ -62,7 +62,8 @@ control Admission(inout headers_t hdr, inout metadata_t meta, in error parser_er
 
     apply {
         if (local_address.apply().hit) {
-            if (!hdr.homagg.isValid()) {
+            if (!hdr.homagg.isValid() || hdr.udp.length < 8 + HEADER_LEN) {
+                /* (the second test: Ethernet padding of a minimum-size frame can complete a header) */
                 meta.drop_reason = DROP_SHORT;
             } else if (hdr.homagg.version != HOMAGG_VERSION) {
                 meta.drop_reason = DROP_VERSION;

@@ -100,6 +100,13 @@ def worker_sequence(seed: int = 5) -> list[tuple[tuple[str, int], bytes]]:
     bad = bytearray(wire.pack_packet(wire.Header(1, 0, 0, 1, 1, 4, 0, 0, 0, 0), [1, 1, 1, 1]))
     bad[0] = 0x20  # version 2
     out.append((w1.addr, bytes(bad)))
+    good = wire.pack_packet(wire.Header(1, 0, 0, 1, 1, 4, 0, 0, 0, 0), [1, 1, 1, 1])
+    out.append((w1.addr, good[:8]))  # shorter than the header
+    out.append((w1.addr, bytes([0x13]) + good[1:]))  # op 3
+    out.append((w1.addr, good[:6] + b"\x00\x00" + good[8:wire.HEADER_LEN]))  # word_count 0, no words
+    out.append((w1.addr, good[:-4]))  # 3 of its 4 words
+    # more words than the job (and the P4 target) takes, consistent lengths
+    out.append((w1.addr, wire.pack_packet(wire.Header(1, 0, 0, 1, 1, 40, 0, 0, 0, 0), list(range(40)))))
     return out
 
 
@@ -124,7 +131,7 @@ def test_sequence_exercises_every_verdict() -> None:
     assert counters.get("completed", 0) == 12
     assert counters.get("retransmit_answered", 0) >= 12
     for reason in ("duplicate", "conflict", "unknown_source", "admission_mismatch", "slot_range", "result_flag",
-                   "version"):
+                   "version", "short", "op", "length", "word_count"):
         assert counters.get(f"drop_{reason}", 0) >= 1, (reason, counters)
     assert counters.get("drop_stale", 0) + counters.get("retransmit_answered", 0) > 12
     assert set(out) == {w.addr for j in jobs() for w in j.workers}
@@ -251,7 +258,7 @@ def test_differential_emulator_vs_bmv2(tmp_path: Path, built) -> None:  # noqa: 
     for dst in want:
         assert got[dst] == want[dst], f"results to {dst} differ"
     for name in ("duplicate", "conflict", "unknown_source", "admission_mismatch", "slot_range", "result_flag",
-                 "version", "stale"):
+                 "version", "stale", "short", "op", "length", "word_count"):
         assert counters.get(f"drop_{name}", 0) == emu_counters.get(f"drop_{name}", 0), name
 
 

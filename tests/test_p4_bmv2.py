@@ -297,3 +297,84 @@ def test_bmv2_packet_rate(tmp_path: Path, built, record_property) -> None:  # no
     record_property("bmv2_input_pps", round(pps_in))
     print(f"BMv2: {len(seq)} worker packets (32 words) in {span:.3f}s = {pps_in:.0f} packets/s in, "
           f"{3 * rounds / span:.0f} results/s out")
+
+
+@pytest.mark.bmv2
+def test_readmission_starts_from_zero(tmp_path: Path, built) -> None:  # noqa: ANN001
+    """Admitting a job again resets its cells (the admission epoch; PI cannot write registers).
+
+    Live traffic through a veth pair (root only): job 1 completes slot 0; worker 0 starts slot 1;
+    the job is admitted again; workers 1 and 2 then send slot 1 (FIRST + ADD under the new epoch:
+    nothing completes), worker 0's retransmission into slot 0 is a FIRST (no answer), and worker
+    0's slot-1 packet completes slot 1 with the sum of the three contributions.  The emulator,
+    given a freshly admitted job at the same point, gives the same results.
+    """
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root (veth pair)")
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+    from scapy.sendrecv import AsyncSniffer, sendp
+
+    from homagg.p4._control import P4Controller, SwitchConfig
+    from switch_emulator.admission import AdmissionTable
+    from switch_emulator.pipeline import Pipeline
+
+    a, b = "hgt1a", "hgt1b"
+    subprocess.run(["ip", "link", "del", a], capture_output=True, check=False)
+    subprocess.run(["ip", "link", "add", a, "type", "veth", "peer", "name", b], check=True)
+    for i in (a, b):
+        subprocess.run(["ip", "link", "set", i, "up"], check=True)
+        subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{i}.disable_ipv6=1"], check=False)
+    j = jobs()[0]
+    hosts = [{"ip": w.ip, "mac": _mac(w.worker_id + 1), "port": 1} for w in j.workers]
+    cfg = SwitchConfig.from_dict({"name": "s1", "grpc": "127.0.0.1:50581", "service_ip": SERVICE_IP,
+                                  "service_mac": SERVICE_MAC, "ports": [1], "hosts": hosts})
+    log = open(tmp_path / "bmv2.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([shutil.which("simple_switch_grpc"), "--device-id", "0", "-i", f"1@{a}", "--no-p4",
+                             "--", "--grpc-server-addr", "127.0.0.1:50581"], stdout=log, stderr=subprocess.STDOUT)
+
+    def pkt(w: int, g: int, words: list[int]) -> tuple[tuple[str, int], bytes]:
+        slot, bank = j.slot_base + g % j.n_slots, (g // j.n_slots) % 2
+        return j.workers[w].addr, wire.pack_packet(wire.Header(1, 0, 0, 1, w, 4, bank, slot, g, 4 * g), words)
+
+    phase1 = [pkt(w, 0, [w + 1, 10, 100, -5]) for w in range(3)] + [pkt(0, 1, [7, 7, 7, 7])]
+    phase2 = [pkt(1, 1, [1, 2, 3, 4]), pkt(2, 1, [5, 6, 7, 8]), pkt(0, 0, [1, 10, 100, -5]),
+              pkt(0, 1, [7, 7, 7, 7])]
+    want: list[bytes] = []
+    for phase in (phase1, phase2):
+        adm = AdmissionTable(pool_slots=1024)
+        adm.admit(j)
+        pipe = Pipeline(adm, lambda dg, addr: want.append(bytes(dg)) if addr == j.workers[0].addr else None)
+        for src, dg in (phase1 if phase is phase1 else phase2):
+            pipe.process(dg, len(dg), src)
+    try:
+        with P4Controller(cfg.grpc, 0, p4info=built.p4info, bmv2_json=built.json, timeout=10) as ctl:
+            ctl.push()
+            ctl.configure(cfg)
+            ctl.add_job(cfg, j)
+            sniffer = AsyncSniffer(iface=b, lfilter=lambda e: UDP in e and e[IP].src == SERVICE_IP
+                                   and e[IP].dst == j.workers[0].ip)
+            sniffer.start()
+            time.sleep(0.5)
+
+            def send(seq) -> None:  # noqa: ANN001
+                for src, dg in seq:
+                    sendp(Ether(bytes(Ether(src=_mac(1), dst=SERVICE_MAC) / IP(src=src[0], dst=SERVICE_IP)
+                                      / UDP(sport=src[1], dport=wire.HOMAGG_UDP_PORT) / dg)), iface=b, verbose=False)
+                    time.sleep(0.05)
+
+            send(phase1)
+            time.sleep(0.5)
+            ctl.add_job(cfg, j)  # admitted again: fresh epoch
+            send(phase2)
+            time.sleep(1.0)
+            got = [bytes(e[UDP].payload) for e in sniffer.stop()]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+        subprocess.run(["ip", "link", "del", a], capture_output=True, check=False)
+    assert len(want) == 2  # slot 0 complete in phase 1; slot 1 complete at the end of phase 2
+    assert got == want

@@ -112,6 +112,7 @@ class Deployment:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[Any] = field(default_factory=list)
     extra_stop: list[Callable[[], None]] = field(default_factory=list)
+    raw_ifaces: list[str] = field(default_factory=list)  # switch ports served by the raw backend
 
     def apply_loss(self, link: LinkOpts) -> list[str]:
         """Per-worker-link loss where TCLink cannot (see :class:`LinkOpts`); returns what was done."""

@@ -68,7 +68,7 @@ def _job(dep: Deployment, n_slots: int, words: int) -> Any:
 def _start_emulator(dep: Deployment, out: Path, job_file: Path) -> None:
     sw = dep.switch_nodes[-1]
     log = out / "logs" / "switch.log"
-    raw = [a for i in getattr(dep, "raw_ifaces", []) for a in ("--iface", i)]
+    raw = [a for i in dep.raw_ifaces for a in ("--iface", i)]
     dep.python(sw, ["-m", "switch_emulator", "--listen", f"0.0.0.0:{dep.data_port}",
                     "--control", f"127.0.0.1:{dep.control_port}", "--jobs", str(job_file), "--ready-json",
                     *(["--backend", "raw", *raw] if raw else [])], log)

@@ -14,6 +14,7 @@ Each link is a TCLink with the given bandwidth/delay/loss.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from homagg.wire import HOMAGG_UDP_PORT
@@ -32,6 +33,16 @@ def worker_mac(rank: int) -> str:
     return f"02:48:41:00:{rank >> 8:02x}:{(rank & 0xFF) + 1:02x}"
 
 
+def _switch_host_star(net: Any, workers: int, link: LinkOpts, ip_of: Callable[[int], str]) -> tuple[Any, list[Any]]:
+    """A switch host ``<prefix>s`` with one link per worker host; builds the network."""
+    sw = net.addHost(f"{PREFIX}s", ip=None)
+    hosts = [net.addHost(f"{PREFIX}h{r}", ip=ip_of(r), mac=worker_mac(r)) for r in range(workers)]
+    for r, h in enumerate(hosts):
+        net.addLink(h, sw, intfName1=f"{PREFIX}h{r}-eth0", intfName2=f"{PREFIX}s-eth{r}", **link.params())
+    net.build()
+    return sw, hosts
+
+
 def build_star(workers: int, switch: str, link: LinkOpts, emulator_backend: str = "udp") -> Deployment:
     """Build (not start) the star; the runner starts the switch software.
 
@@ -46,24 +57,16 @@ def build_star(workers: int, switch: str, link: LinkOpts, emulator_backend: str 
     net = Mininet(topo=None, link=TCLink, controller=None, build=False, autoSetMacs=False)
     sites: list[WorkerSite] = []
     if switch == "emulator" and emulator_backend == "raw":
-        sw = net.addHost(f"{PREFIX}s", ip=None)
-        hosts = [net.addHost(f"{PREFIX}h{r}", ip=f"10.0.0.{r + 1}/24", mac=worker_mac(r)) for r in range(workers)]
-        for r, h in enumerate(hosts):
-            net.addLink(h, sw, intfName1=f"{PREFIX}h{r}-eth0", intfName2=f"{PREFIX}s-eth{r}", **link.params())
-        net.build()
+        sw, hosts = _switch_host_star(net, workers, link, lambda r: f"10.0.0.{r + 1}/24")
         for r, h in enumerate(hosts):
             intf = f"{PREFIX}s-eth{r}"
             sw.cmd(f"ip addr flush dev {intf}; sysctl -qw net.ipv6.conf.{intf}.disable_ipv6=1")
             h.cmd(f"arp -s {SERVICE_IP} {sw.intf(intf).MAC()}")
             sites.append(WorkerSite(h, f"10.0.0.{r + 1}", SERVICE_IP, f"{PREFIX}h{r}-eth0"))
         dep = Deployment(net, sites, "emulator", HOMAGG_UDP_PORT, HOMAGG_UDP_PORT + 1, switch_nodes=[sw])
-        dep.raw_ifaces = [f"{PREFIX}s-eth{r}" for r in range(workers)]  # type: ignore[attr-defined]
+        dep.raw_ifaces = [f"{PREFIX}s-eth{r}" for r in range(workers)]
     elif switch == "emulator":
-        sw = net.addHost(f"{PREFIX}s", ip=None)
-        hosts = [net.addHost(f"{PREFIX}h{r}", ip=f"10.0.{r + 1}.1/24", mac=worker_mac(r)) for r in range(workers)]
-        for r, h in enumerate(hosts):
-            net.addLink(h, sw, intfName1=f"{PREFIX}h{r}-eth0", intfName2=f"{PREFIX}s-eth{r}", **link.params())
-        net.build()
+        sw, hosts = _switch_host_star(net, workers, link, lambda r: f"10.0.{r + 1}.1/24")
         for r, h in enumerate(hosts):
             sw.setIP(f"10.0.{r + 1}.254/24", intf=f"{PREFIX}s-eth{r}")
             sites.append(WorkerSite(h, f"10.0.{r + 1}.1", f"10.0.{r + 1}.254", f"{PREFIX}h{r}-eth0",

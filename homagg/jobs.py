@@ -33,7 +33,7 @@ from typing import Any
 from ._errors import ConfigError
 from .wire import MAX_SLOTS, MAX_WORDS_JUMBO, MAX_WORKERS, P4_WORDS
 
-__all__ = ["WorkerAddr", "JobSpec", "load_jobs", "dump_jobs"]
+__all__ = ["WorkerAddr", "JobSpec", "load_jobs", "read_job_file", "dump_jobs"]
 
 
 @dataclass(frozen=True)
@@ -124,16 +124,25 @@ class JobSpec:
         return cls.from_dict(json.loads(text))
 
 
-def load_jobs(path: str | Path) -> list[JobSpec]:
-    """Jobs from a ``.json`` or ``.toml`` file; slot ranges and job ids must not overlap."""
+def read_job_file(path: str | Path) -> Any:
+    """The parsed document of a job file: TOML for a ``.toml`` suffix, JSON otherwise.
+
+    Shared by :func:`load_jobs` and the P4 controller (which reads the file's ``bmv2`` section),
+    so both accept the same formats.  Raises :class:`~homagg.ConfigError` if unreadable.
+    """
     p = Path(path)
     try:
         if p.suffix == ".toml":
-            data: Any = tomllib.loads(p.read_text())
-        else:
-            data = json.loads(p.read_text())
+            return tomllib.loads(p.read_text())
+        return json.loads(p.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read jobs from {p}: {exc}") from exc
+
+
+def load_jobs(path: str | Path) -> list[JobSpec]:
+    """Jobs from a ``.json`` or ``.toml`` file; slot ranges and job ids must not overlap."""
+    p = Path(path)
+    data = read_job_file(p)
     items = data.get("jobs", []) if isinstance(data, dict) else data
     jobs = [JobSpec.from_dict(d) for d in items]
     seen_ids: set[int] = set()

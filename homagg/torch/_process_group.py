@@ -82,6 +82,8 @@ class ProcessGroupHomagg(ProcessGroup):
 
         self._allreduce_fn = homagg.allreduce
         self._codec = homagg.CodecConfig.from_options(dict(config.codec))
+        #: what this rank's codec allreduces sent: bytes per stream, rounds, redos (accumulates)
+        self.stats = homagg.WorkerStats()
         self.config = config.capped(timeout.total_seconds())
         self._group_name = ""
         self._group_desc = ""
@@ -161,7 +163,7 @@ class ProcessGroupHomagg(ProcessGroup):
     def _codec_allreduce(self, tensors: list[torch.Tensor], op: Any) -> TaskResult:
         port = self.switch.port
         for t in tensors:
-            self._allreduce_fn(t, port, scheme=self.config.scheme, config=self._codec, inplace=True)
+            self._allreduce_fn(t, port, scheme=self.config.scheme, config=self._codec, inplace=True, stats=self.stats)
             if op == dist.ReduceOp.AVG:
                 t.div_(self.size())
         return tensors

@@ -1,9 +1,24 @@
-"""In-process helpers for tests and experiments: many workers, one process, the real protocol.
+"""The public test harness: inputs, jobs and oracles shared by homagg's tests, its demo and yours.
 
-``local_allreduce(tensors, scheme="auto", **options)`` is a stable contract: worker ``r`` holds
-``tensors[r]``; every worker runs the real worker-side protocol against an
-:class:`~homagg._switch.InProcessSwitch`; the returned list holds each worker's result (identical,
-same shape/dtype as the inputs).
+Running a job:
+
+* ``local_allreduce(tensors, scheme="auto", **options)`` is a stable contract: worker ``r`` holds
+  ``tensors[r]``; every worker runs the real worker-side protocol against an
+  :class:`~homagg._switch.InProcessSwitch`; the returned list holds each worker's result (identical,
+  same shape/dtype as the inputs).  :func:`run_local` also returns each worker's ``WorkerStats``.
+* ``run_on_switch(switch, world, ...)``: a job on a real switch (emulator or BMv2) with ``world``
+  worker processes over UDP, every scheme, verified; the parts: :func:`udp_worker`,
+  :func:`run_udp_job`, :func:`verify_udp_results` (module ``homagg._testing_udp``).
+
+Making inputs (pure functions of their arguments, module ``homagg._testing_tensors``):
+:func:`sparse_tensor` / :func:`sparse_tensors` (density, a part shared by every worker, value
+spread, integer grid) and :func:`gradients` (a realistic per-worker gradient set).
+
+Oracles (module ``homagg._testing_oracle``): :func:`exact_sum` (float64 / int64, unrounded),
+:func:`block_max`, :func:`error_bound` (README's documented bound, per element),
+:func:`within_bound` (bool) and :func:`check_within_bound` (raises :class:`BoundExceededError`),
+:func:`digest` (bit identity).  Every failed check raises a :class:`HarnessError`, a
+:class:`homagg.HomAggError`, never a bare ``AssertionError``.
 """
 
 from __future__ import annotations
@@ -19,8 +34,57 @@ from ._errors import InputError
 from ._protocol import allreduce
 from ._stats import WorkerStats
 from ._switch import InProcessSwitch
+from ._testing_oracle import (
+    BoundExceededError,
+    HarnessError,
+    ResultMismatchError,
+    WorkerFailedError,
+    block_max,
+    check_within_bound,
+    digest,
+    error_bound,
+    exact_sum,
+    within_bound,
+)
+from ._testing_tensors import gradients, sparse_tensor, sparse_tensors
+from ._testing_udp import (
+    SchemeVerdict,
+    SwitchAddresses,
+    UdpJobConfig,
+    run_on_switch,
+    run_udp_job,
+    udp_worker,
+    verify_udp_results,
+)
 
-__all__ = ["local_allreduce", "run_local", "LocalRun"]
+__all__ = [
+    # running a job
+    "local_allreduce",
+    "run_local",
+    "LocalRun",
+    "run_on_switch",
+    "run_udp_job",
+    "udp_worker",
+    "verify_udp_results",
+    "UdpJobConfig",
+    "SchemeVerdict",
+    "SwitchAddresses",
+    # inputs
+    "sparse_tensor",
+    "sparse_tensors",
+    "gradients",
+    # oracles
+    "exact_sum",
+    "block_max",
+    "error_bound",
+    "within_bound",
+    "check_within_bound",
+    "digest",
+    "HarnessError",
+    "BoundExceededError",
+    "ResultMismatchError",
+    "WorkerFailedError",
+]
 
 
 @dataclass

@@ -5,11 +5,9 @@ from __future__ import annotations
 import time
 
 import switch_emulator
-from homagg._demo import worker
+from homagg.testing import UdpJobConfig, run_on_switch, udp_worker
 from homagg.transport import ControlClient
 from homagg.transport._procs import RankFailure, Workers, context
-
-from .test_transport_udp import run_and_check
 
 TIMEOUT = 3.0
 
@@ -19,10 +17,10 @@ def test_killed_worker_typed_error_slots_reclaimed_next_job_fine() -> None:
         ctl = ControlClient(sw.control_addr)
         world, victim = 3, 1
         job = ctl.admit(world, n_slots=8, words_per_packet=16)
-        cfg = {"numel": 400000, "density": 0.02, "seed": 0, "data": list(sw.data_addr),
-               "control": list(sw.control_addr), "job": job.to_dict(), "timeout": TIMEOUT, "schemes": ["dense"]}
+        cfg = UdpJobConfig(numel=400000, density=0.02, seed=0, data=list(sw.data_addr),
+                           control=list(sw.control_addr), job=job.to_dict(), timeout=TIMEOUT, schemes=["dense"])
         barrier = context().Barrier(world)
-        ws = Workers(worker, world, cfg, barrier, None)
+        ws = Workers(udp_worker, world, cfg, barrier, None)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # wait until the job is streaming
             jobs = ctl.status()["jobs"]
@@ -54,7 +52,8 @@ def test_killed_worker_typed_error_slots_reclaimed_next_job_fine() -> None:
             time.sleep(0.1)
         assert ctl.status()["jobs"] == [] and ctl.status()["counters"]["jobs_expired"] == 1
         # a new job on the same slots runs exactly
-        run_and_check(sw, 2, numel=5000, k=16, slots=8, schemes=["dense", "sketch"])
+        results = run_on_switch(sw, 2, numel=5000, k=16, slots=8, schemes=["dense", "sketch"])
+        assert [r["dense"]["digest"] for r in results] == [r["sketch"]["digest"] for r in results]
 
 
 def test_two_jobs_at_once_isolated() -> None:
@@ -65,7 +64,7 @@ def test_two_jobs_at_once_isolated() -> None:
 
         def one(i: int) -> None:
             try:
-                out[i] = run_and_check(sw, 2 + i, numel=15000, k=32, slots=8, seed=10 + i,
+                out[i] = run_on_switch(sw, 2 + i, numel=15000, k=32, slots=8, seed=10 + i,
                                        schemes=["compact", "dense"])
             except BaseException as exc:  # noqa: BLE001
                 out[i] = exc

@@ -19,7 +19,6 @@ the UDP transport to the emulator or BMv2 implements the same :class:`SwitchPort
 from __future__ import annotations
 
 import abc
-import enum
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,16 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from ._errors import ConfigError, ProtocolError, SwitchTimeoutError
+from .wire import CombineOp
 
 __all__ = ["CombineOp", "Stream", "SwitchPort", "InProcessSwitch", "combine_words"]
-
-
-class CombineOp(enum.IntEnum):
-    """How a switch combines one word stream; the values are the wire encoding."""
-
-    ADD = 0
-    OR = 1
-    MAX = 2
 
 
 @dataclass(frozen=True)

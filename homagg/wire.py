@@ -23,18 +23,28 @@ port :data:`HOMAGG_UDP_PORT` on results in P4 mode) / homagg header (16 bytes) /
 
 Invariants:
 
-* ``version == VERSION``; ``op`` in ``(OP_ADD, OP_OR, OP_MAX)`` (the values of
-  :class:`homagg._switch.CombineOp`); ``reserved == 0`` when sent (ignored when parsed).
+* ``version == VERSION``; ``op`` in :data:`OPS` (the values of :class:`CombineOp`, the one op
+  enum of homagg); ``reserved == 0`` when sent (ignored when parsed).
 * ``len(datagram) == HEADER_LEN + 4 * word_count`` exactly; ``1 <= word_count <= MAX_WORDS_JUMBO``.
 * ``worker_id < MAX_WORKERS``; ``slot < 2**15``; ``bank in (0, 1)``.
 * ``tag`` and ``offset`` are opaque to the switch's arithmetic and echoed in results.
 
-The fast path (:func:`pack_header_into`, :func:`parse_header`, :func:`payload_view`) works on
-preallocated buffers with :mod:`struct` and numpy views; nothing here imports scapy.
+Two paths over the same layout (:data:`HEADER_STRUCT` plus the bit packing in
+:func:`pack_header_into` / :func:`unpack_header`, nowhere else):
+
+* the *fast path*, used per datagram by the worker transport and the emulator:
+  :func:`pack_header_into`, :func:`unpack_header`, :func:`set_flags`, :func:`set_worker_id`,
+  :func:`payload_view` -- one :mod:`struct` call on a preallocated buffer, no validation (the
+  caller checks what it needs: the emulator's parser stage, the worker's result matching);
+* the *checked path* for tools and tests: :func:`pack_header`, :func:`pack_packet`,
+  :func:`parse_header`, :func:`parse_packet` raise :class:`~homagg.WireFormatError`.
+
+Nothing here imports scapy or torch.
 """
 
 from __future__ import annotations
 
+import enum
 import struct
 from typing import NamedTuple
 
@@ -44,6 +54,7 @@ from ._errors import WireFormatError
 
 __all__ = [
     "VERSION",
+    "CombineOp",
     "OP_ADD",
     "OP_OR",
     "OP_MAX",
@@ -58,8 +69,15 @@ __all__ = [
     "HOMAGG_UDP_PORT",
     "WORD_DTYPE",
     "HEADER_STRUCT",
+    "FLAGS_POS",
+    "WORKER_ID_POS",
+    "TAG_MASK",
     "Header",
+    "datagram_len",
     "pack_header_into",
+    "unpack_header",
+    "set_flags",
+    "set_worker_id",
     "pack_header",
     "pack_packet",
     "parse_header",
@@ -68,10 +86,25 @@ __all__ = [
 ]
 
 VERSION = 1
-OP_ADD = 0  #: wrapping int32 addition
-OP_OR = 1  #: bitwise or
-OP_MAX = 2  #: signed int32 maximum
-OPS = (OP_ADD, OP_OR, OP_MAX)
+
+
+class CombineOp(enum.IntEnum):
+    """How a switch combines one word stream; the values are the wire encoding of ``op``.
+
+    * ``ADD`` -- two's complement addition modulo 2**32 (wraps, like P4 ``bit<32>`` arithmetic),
+    * ``OR``  -- bitwise or,
+    * ``MAX`` -- signed int32 maximum.
+    """
+
+    ADD = 0
+    OR = 1
+    MAX = 2
+
+
+OP_ADD: int = int(CombineOp.ADD)  #: wrapping int32 addition
+OP_OR: int = int(CombineOp.OR)  #: bitwise or
+OP_MAX: int = int(CombineOp.MAX)  #: signed int32 maximum
+OPS: tuple[int, ...] = tuple(int(o) for o in CombineOp)  #: every valid ``op`` value
 FLAG_RESULT = 0x01  #: switch -> worker
 FLAG_RETRANSMIT = 0x02  #: worker resent this packet after a timeout
 HEADER_LEN = 16
@@ -86,6 +119,13 @@ WORD_DTYPE = np.dtype(">i4")  #: payload words as they lie on the wire
 #: bank|slot (H), tag (H), offset (I)
 HEADER_STRUCT = struct.Struct("!BBHBBHHHI")
 assert HEADER_STRUCT.size == HEADER_LEN
+
+FLAGS_POS = 1  #: byte offset of ``flags`` in the header
+WORKER_ID_POS = 4  #: byte offset of ``worker_id`` in the header
+TAG_MASK = 0xFFFF  #: ``tag`` is 16 bits
+_RESERVED_POS = 5
+_SLOT_MASK = MAX_SLOTS - 1
+_BANK_SHIFT = 15
 
 _pack_into = HEADER_STRUCT.pack_into
 _unpack_from = HEADER_STRUCT.unpack_from
@@ -122,17 +162,45 @@ def pack_header_into(
 ) -> None:
     """Write a version-``VERSION`` header at ``buf[pos:pos+16]`` (fast path, no validation beyond struct's)."""
     _pack_into(
-        buf, pos, (VERSION << 4) | op, flags, job_id, worker_id, 0, word_count, (bank << 15) | slot, tag, offset
+        buf, pos, (VERSION << 4) | op, flags, job_id, worker_id, 0, word_count, (bank << _BANK_SHIFT) | slot, tag,
+        offset,
     )
+
+
+def unpack_header(
+    buf: bytes | bytearray | memoryview, pos: int = 0
+) -> tuple[int, int, int, int, int, int, int, int, int, int, int]:
+    """The header fields at ``buf[pos:]`` in :class:`Header` order (fast path: no validation at all).
+
+    Returns ``(version, op, flags, job_id, worker_id, word_count, bank, slot, tag, offset, reserved)``;
+    the caller checks version, op, lengths (``buf`` must hold at least :data:`HEADER_LEN` bytes).
+    """
+    vo, flags, job, wid, res, wc, bs, tag, off = _unpack_from(buf, pos)
+    return vo >> 4, vo & 0xF, flags, job, wid, wc, bs >> _BANK_SHIFT, bs & _SLOT_MASK, tag, off, res
+
+
+def set_flags(buf: bytearray | memoryview, flags: int, pos: int = 0) -> None:
+    """Overwrite the ``flags`` byte of the header at ``buf[pos:]`` (e.g. mark a retransmission)."""
+    buf[pos + FLAGS_POS] = flags
+
+
+def set_worker_id(buf: bytearray | memoryview, worker_id: int, pos: int = 0) -> None:
+    """Overwrite the ``worker_id`` byte of the header at ``buf[pos:]`` (per-copy rewrite of results)."""
+    buf[pos + WORKER_ID_POS] = worker_id
+
+
+def datagram_len(word_count: int) -> int:
+    """Bytes of a datagram carrying ``word_count`` payload words."""
+    return HEADER_LEN + 4 * word_count
 
 
 def pack_header(h: Header) -> bytes:
     """Bytes of header ``h`` (validated)."""
     _validate(h)
-    return HEADER_STRUCT.pack(
-        (h.version << 4) | h.op, h.flags, h.job_id, h.worker_id, h.reserved, h.word_count,
-        (h.bank << 15) | h.slot, h.tag, h.offset,
-    )
+    buf = bytearray(HEADER_LEN)
+    pack_header_into(buf, h.op, h.flags, h.job_id, h.worker_id, h.word_count, h.bank, h.slot, h.tag, h.offset)
+    buf[_RESERVED_POS] = h.reserved  # validated: version == VERSION, so only ``reserved`` may differ
+    return bytes(buf)
 
 
 def pack_packet(h: Header, words: np.ndarray | list[int]) -> bytes:
@@ -154,9 +222,9 @@ def parse_header(buf: bytes | bytearray | memoryview, nbytes: int | None = None)
     n = len(buf) if nbytes is None else nbytes
     if n < HEADER_LEN:
         raise WireFormatError(f"datagram of {n} bytes is shorter than the {HEADER_LEN}-byte header")
-    vo, flags, job, wid, res, wc, bs, tag, off = _unpack_from(buf, 0)
-    h = Header(vo >> 4, vo & 0xF, flags, job, wid, wc, bs >> 15, bs & 0x7FFF, tag, off, res)
+    h = Header(*unpack_header(buf))
     _validate(h)
+    wc = h.word_count
     if n != HEADER_LEN + 4 * wc:
         raise WireFormatError(f"datagram of {n} bytes does not hold {wc} words after the header")
     return h

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import time
 
-from homagg.wire import FLAG_RESULT, HEADER_LEN, HEADER_STRUCT, VERSION, WORD_DTYPE
-
-import numpy as np
+from homagg.wire import FLAG_RESULT, HEADER_LEN, OPS, VERSION, datagram_len, payload_view, unpack_header
 
 from . import bitmap, completion, slots
 from .admission import AdmissionTable
@@ -21,9 +19,6 @@ from .counters import Counters
 from .replication import Replicator, SendFn
 
 __all__ = ["Pipeline"]
-
-_unpack = HEADER_STRUCT.unpack_from
-_V = VERSION << 4
 
 
 class Pipeline:
@@ -40,15 +35,14 @@ class Pipeline:
         if n < HEADER_LEN:
             c.drop("short")
             return
-        vo, flags, job_id, wid, _res, wc, bs, tag, offset = _unpack(buf, 0)
-        if vo & 0xF0 != _V:
+        version, op, flags, job_id, wid, wc, bank, slot, tag, offset, _res = unpack_header(buf)
+        if version != VERSION:
             c.drop("version")
             return
-        op = vo & 0x0F
-        if op > 2:
+        if op not in OPS:
             c.drop("op")
             return
-        if wc == 0 or n != HEADER_LEN + 4 * wc:
+        if wc == 0 or n != datagram_len(wc):
             c.drop("length")
             return
         if flags & FLAG_RESULT:
@@ -69,7 +63,7 @@ class Pipeline:
         job.packets += 1
         job.last_seen = time.monotonic()
         # slot / bank selection
-        i = slots.select(job, bs & 0x7FFF, bs >> 15)
+        i = slots.select(job, slot, bank)
         if i < 0:
             c.drop("slot_range")
             return
@@ -94,7 +88,7 @@ class Pipeline:
             job.key[i] = key
         c["accepted"] += 1
         # combine
-        combine(job.regs[i, :wc], np.frombuffer(buf, dtype=WORD_DTYPE, count=wc, offset=HEADER_LEN), op, first)
+        combine(job.regs[i, :wc], payload_view(buf, wc), op, first)
         # completion + replication
         if completion.count(job, i, first):
             job.completed += 1

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
-from homagg.wire import FLAG_RESULT, HEADER_LEN, MAX_WORDS_JUMBO, WORD_DTYPE, pack_header_into
+from homagg.wire import FLAG_RESULT, MAX_WORDS_JUMBO, datagram_len, pack_header_into, payload_view, set_worker_id
 
 from .state import JobState
 
@@ -28,9 +26,9 @@ class Replicator:
     def __init__(self, send: SendFn, egress_drop: Callable[[], bool] | None = None) -> None:
         self.send = send
         self.egress_drop = egress_drop
-        self._buf = bytearray(HEADER_LEN + 4 * MAX_WORDS_JUMBO)
+        self._buf = bytearray(datagram_len(MAX_WORDS_JUMBO))
         self._mv = memoryview(self._buf)
-        self._words = np.frombuffer(self._buf, dtype=WORD_DTYPE, offset=HEADER_LEN)
+        self._words = payload_view(self._buf, MAX_WORDS_JUMBO)
         self.sent = 0
         self.dropped = 0
 
@@ -39,7 +37,7 @@ class Replicator:
         slot = job.spec.slot_base + (i >> 1)
         pack_header_into(self._buf, op, FLAG_RESULT, job.job_id, 0, wc, i & 1, slot, tag, offset)
         self._words[:wc] = job.regs[i, :wc]
-        return self._mv[: HEADER_LEN + 4 * wc]
+        return self._mv[: datagram_len(wc)]
 
     def multicast(self, job: JobState, i: int) -> None:
         dgram = self._build(job, i)
@@ -57,6 +55,6 @@ class Replicator:
         if self.egress_drop is not None and self.egress_drop():
             self.dropped += 1
             return
-        self._buf[4] = wid
+        set_worker_id(self._buf, wid)
         self.send(dgram, addr)
         self.sent += 1

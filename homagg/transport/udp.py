@@ -47,13 +47,23 @@ import torch
 from .._errors import ConfigError, SwitchTimeoutError, TransportError
 from .._switch import Stream, SwitchPort
 from ..jobs import JobSpec
-from ..wire import FLAG_RESULT, FLAG_RETRANSMIT, HEADER_LEN, HEADER_STRUCT, MAX_WORDS_JUMBO, VERSION, WORD_DTYPE
+from ..wire import (
+    FLAG_RESULT,
+    FLAG_RETRANSMIT,
+    HEADER_LEN,
+    MAX_WORDS_JUMBO,
+    TAG_MASK,
+    VERSION,
+    datagram_len,
+    pack_header_into,
+    payload_view,
+    set_flags,
+    unpack_header,
+)
 from .control import ControlClient, parse_addr
 
 __all__ = ["UdpSwitchPort"]
 
-_unpack = HEADER_STRUCT.unpack_from
-_pack_into = HEADER_STRUCT.pack_into
 _BUF_BYTES = 32 << 20
 
 
@@ -112,8 +122,8 @@ class UdpSwitchPort(SwitchPort):
         self.sock.setblocking(False)
         self.local_addr: tuple[str, int] = self.sock.getsockname()
         k, n = job.words_per_packet, job.n_slots
-        self._bufs = [bytearray(HEADER_LEN + 4 * k) for _ in range(n)]
-        self._rbuf = bytearray(HEADER_LEN + 4 * MAX_WORDS_JUMBO + 64)
+        self._bufs = [bytearray(datagram_len(k)) for _ in range(n)]
+        self._rbuf = bytearray(datagram_len(MAX_WORDS_JUMBO) + 64)
         self._seq = 0  # global chunk counter, identical on every worker of the job
         self._spare: list[np.ndarray] = []  # result arrays of the last rounds, reused once unreferenced
         self._srtt: float | None = None
@@ -173,14 +183,13 @@ class UdpSwitchPort(SwitchPort):
             s = g % nslot
             j, off, wc, op = chunks[c]
             buf = bufs[s]
-            _pack_into(buf, 0, (VERSION << 4) | op, 0, jid, rank, 0, wc, (((g // nslot) & 1) << 15) | (base + s),
-                       g & 0xFFFF, off)
-            np.frombuffer(buf, dtype=WORD_DTYPE, count=wc, offset=HEADER_LEN)[:] = srcs[j][off:off + wc]
+            pack_header_into(buf, op, 0, jid, rank, wc, (g // nslot) & 1, base + s, g & TAG_MASK, off)
+            payload_view(buf, wc)[:] = srcs[j][off:off + wc]
             cur[s] = c
             tries[s] = 0
             sent_at[s] = now
             deadline[s] = now + rto
-            self._send(send, memoryview(buf)[: HEADER_LEN + 4 * wc])
+            self._send(send, memoryview(buf)[: datagram_len(wc)])
 
         now = time.monotonic()
         for c in range(min(nslot, total)):
@@ -199,19 +208,19 @@ class UdpSwitchPort(SwitchPort):
                     if n < HEADER_LEN:
                         self.stats["ignored"] += 1
                         continue
-                    vo, flags, rjob, _w, _r, wc, bs, tag, off = _unpack(rbuf, 0)
-                    s = (bs & 0x7FFF) - base
+                    ver, _op, flags, rjob, _w, wc, bank, slot, tag, off, _r = unpack_header(rbuf)
+                    s = slot - base
                     if not (flags & FLAG_RESULT and rjob == jid and 0 <= s < nslot and cur[s] >= 0
-                            and n == HEADER_LEN + 4 * wc and vo >> 4 == VERSION):
+                            and n == datagram_len(wc) and ver == VERSION):
                         self.stats["ignored"] += 1
                         continue
                     c = cur[s]
                     g = seq0 + c
                     j, coff, cwc, _op = chunks[c]
-                    if tag != g & 0xFFFF or bs >> 15 != (g // nslot) & 1 or off != coff or wc != cwc:
+                    if tag != g & TAG_MASK or bank != (g // nslot) & 1 or off != coff or wc != cwc:
                         self.stats["ignored"] += 1  # late or duplicated result of an earlier use
                         continue
-                    outs[j][off:off + wc] = np.frombuffer(rbuf, dtype=WORD_DTYPE, count=wc, offset=HEADER_LEN)
+                    outs[j][off:off + wc] = payload_view(rbuf, wc)
                     self.stats["results"] += 1
                     done += 1
                     got += 1
@@ -239,9 +248,9 @@ class UdpSwitchPort(SwitchPort):
                 for s in range(nslot):
                     if cur[s] >= 0 and now >= deadline[s]:
                         buf = bufs[s]
-                        buf[1] = FLAG_RETRANSMIT
+                        set_flags(buf, FLAG_RETRANSMIT)
                         wc = chunks[cur[s]][2]
-                        self._send(send, memoryview(buf)[: HEADER_LEN + 4 * wc])
+                        self._send(send, memoryview(buf)[: datagram_len(wc)])
                         tries[s] += 1
                         self.stats["retransmits"] += 1
                         deadline[s] = now + min(self.max_rto, rto * (2 ** tries[s]))

@@ -1,10 +1,13 @@
 """Scapy layer for the homagg header, declared from :mod:`homagg.wire`'s constants.
 
 Importing this module imports scapy (an optional dependency: ``pip install homagg[test]``) and
-binds the layer under UDP for :data:`~homagg.wire.HOMAGG_UDP_PORT` in both directions::
+binds the layer under UDP on :data:`~homagg.wire.HOMAGG_UDP_PORT`: one binding per direction.
+Building ``UDP() / HomAgg()`` sets ``dport`` to the homagg port (a request, worker -> switch);
+dissection finds the layer behind UDP datagrams *to* the homagg port (requests) and *from* it
+(results, switch -> worker)::
 
     >>> from homagg.wire_scapy import HomAgg
-    >>> pkt = Ether() / IP() / UDP(dport=HOMAGG_UDP_PORT) / HomAgg(job_id=1, words=[1, 2, 3])
+    >>> pkt = Ether() / IP() / UDP(sport=18500) / HomAgg(job_id=1, words=[1, 2, 3])   # dport 18497
 
 ``word_count`` is computed from ``words`` when left unset.  Field names equal
 :class:`homagg.wire.Header`'s, so ``HomAgg(**header._asdict(), words=...)`` works.
@@ -24,7 +27,7 @@ from scapy.fields import (
     SignedIntField,
 )
 from scapy.layers.inet import UDP
-from scapy.packet import Packet, bind_layers
+from scapy.packet import Packet, bind_bottom_up, bind_layers
 
 from . import wire
 
@@ -63,5 +66,9 @@ class HomAgg(Packet):
 
 
 assert len(HomAgg(words=[])) == wire.HEADER_LEN
+# Requests (worker -> switch) go to the homagg port: bound both ways, so that building
+# ``UDP() / HomAgg()`` sets dport = HOMAGG_UDP_PORT (and leaves sport alone).
 bind_layers(UDP, HomAgg, dport=wire.HOMAGG_UDP_PORT)
-bind_layers(UDP, HomAgg, sport=wire.HOMAGG_UDP_PORT)
+# Results (switch -> worker) come from the homagg port: dissection only.  A second bind_layers
+# would also register sport as the field to set on build, and the last binding wins there.
+bind_bottom_up(UDP, HomAgg, sport=wire.HOMAGG_UDP_PORT)

@@ -12,6 +12,7 @@ The oracle for BMv2 is the emulator's :class:`switch_emulator.pipeline.Pipeline`
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import subprocess
@@ -138,17 +139,175 @@ def test_sequence_exercises_every_verdict() -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# Controller pieces, pcap files and the rate benchmark: no BMv2 needed
+# ----------------------------------------------------------------------------------------------
+
+_SWITCH = {"name": "s1", "grpc": "127.0.0.1:1", "service_ip": SERVICE_IP, "service_mac": SERVICE_MAC,
+           "ports": [1, 2], "hosts": [{"ip": "10.0.0.1", "mac": _mac(1), "port": 1},
+                                      {"ip": "10.0.0.2", "mac": _mac(2), "port": 2}]}
+_JOB = {"job_id": 3, "world_size": 2, "n_slots": 4,
+        "workers": [{"worker_id": 0, "ip": "10.0.0.1", "port": 18500}, {"worker_id": 1, "ip": "10.0.0.2", "port": 18500}]}
+_TOML = f"""
+[[jobs]]
+job_id = 3
+world_size = 2
+n_slots = 4
+workers = [{{worker_id = 0, ip = "10.0.0.1", port = 18500}}, {{worker_id = 1, ip = "10.0.0.2", port = 18500}}]
+
+[[bmv2.switches]]
+name = "s1"
+grpc = "127.0.0.1:1"
+service_ip = "{SERVICE_IP}"
+service_mac = "{SERVICE_MAC}"
+ports = [1, 2]
+hosts = [{{ip = "10.0.0.1", mac = "{_mac(1)}", port = 1}}, {{ip = "10.0.0.2", mac = "{_mac(2)}", port = 2}}]
+
+[[bmv2.switches]]
+name = "leaf"
+grpc = "127.0.0.1:2"
+ports = [1]
+"""
+
+
+def test_job_file_json_and_toml_read_alike(tmp_path: Path) -> None:
+    """The controller reads the job file through homagg.jobs (JSON and TOML); both give the same."""
+    from homagg.jobs import JobSpec, load_jobs
+    from homagg.p4 import HostPort, SwitchConfig, load_switches
+
+    leaf = {"name": "leaf", "grpc": "127.0.0.1:2", "ports": [1]}
+    (tmp_path / "job.json").write_text(json.dumps({"jobs": [_JOB], "bmv2": {"switches": [_SWITCH, leaf]}}))
+    (tmp_path / "job.toml").write_text(_TOML)
+    want = [SwitchConfig("s1", "127.0.0.1:1", 0, SERVICE_IP, SERVICE_MAC, (1, 2),
+                         (HostPort("10.0.0.1", _mac(1), 1), HostPort("10.0.0.2", _mac(2), 2))),
+            SwitchConfig("leaf", "127.0.0.1:2", ports=(1,))]
+    for name in ("job.json", "job.toml"):
+        assert load_switches(tmp_path / name) == want, name
+        assert load_jobs(tmp_path / name) == [JobSpec.from_dict(_JOB)], name
+    assert want[0].host("10.0.0.2").port == 2
+
+
+def test_job_file_errors(tmp_path: Path) -> None:
+    from homagg import ConfigError
+    from homagg.p4 import SwitchConfig, load_switches
+
+    (tmp_path / "nobmv2.json").write_text('{"jobs": []}')
+    with pytest.raises(ConfigError, match="no bmv2.switches"):
+        load_switches(tmp_path / "nobmv2.json")
+    (tmp_path / "bad.toml").write_text("[[bmv2.switches]]\nname = ")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_switches(tmp_path / "bad.toml")
+    with pytest.raises(ConfigError, match="bad bmv2 switch"):
+        SwitchConfig.from_dict({"name": "s1"})  # no grpc address
+    with pytest.raises(ConfigError, match="no host entry"):
+        SwitchConfig.from_dict(_SWITCH).host("10.0.0.9")
+
+
+def test_control_command_unreachable_switch(tmp_path: Path) -> None:
+    """``homagg control`` on a TOML job file: nothing listens at the gRPC address -> typed error."""
+    import argparse
+
+    from homagg import HomAggError
+    from homagg.p4 import SwitchUnreachableError
+    from homagg.p4 import _control
+
+    pytest.importorskip("grpc")
+    pytest.importorskip("p4.v1.p4runtime_pb2")
+    (tmp_path / "job.toml").write_text(_TOML)
+    (tmp_path / "empty.p4info.txtpb").write_text("")  # a valid, empty P4Info
+    parser = argparse.ArgumentParser()
+    _control.configure_parser(parser)
+    args = parser.parse_args(["check", "--config", str(tmp_path / "job.toml"), "--switch", "s1",
+                              "--p4info", str(tmp_path / "empty.p4info.txtpb"), "--timeout", "0.3"])
+    with pytest.raises(SwitchUnreachableError, match="no P4Runtime server at 127.0.0.1:1") as info:
+        _control.run(args)
+    assert isinstance(info.value, HomAggError)
+    args.switch = "s9"
+    with pytest.raises(HomAggError, match="no switch named 's9'"):
+        _control.run(args)
+
+
+def test_pcap_files_agree_with_scapy(tmp_path: Path) -> None:
+    """The pcap writer/reader BMv2 runs use: scapy (the oracle) reads what we write and vice versa,
+    and a record cut short (a file being written) is left out."""
+    from scapy.layers.l2 import Ether
+    from scapy.utils import rdpcap, wrpcap
+
+    from homagg.p4._pcap_switch import read_pcap, write_pcap
+
+    frames = [_frame(src, dg) for src, dg in worker_sequence()[:5]]
+    write_pcap(tmp_path / "ours.pcap", frames)
+    assert [bytes(p) for p in rdpcap(str(tmp_path / "ours.pcap"))] == frames
+    pkts = [Ether(f) for f in frames]
+    for i, p in enumerate(pkts):
+        p.time = 1000 + i / 8
+    wrpcap(str(tmp_path / "scapy.pcap"), pkts)
+    got = read_pcap(tmp_path / "scapy.pcap")
+    assert [f for _, f in got] == frames and [t for t, _ in got] == [1000 + i / 8 for i in range(5)]
+    data = (tmp_path / "scapy.pcap").read_bytes()
+    (tmp_path / "cut.pcap").write_bytes(data[:-3])
+    assert [f for _, f in read_pcap(tmp_path / "cut.pcap")] == frames[:4]
+    (tmp_path / "empty.pcap").write_bytes(b"")
+    assert read_pcap(tmp_path / "empty.pcap") == [] and read_pcap(tmp_path / "absent.pcap") == []
+
+
+def test_p4rate_sequence_and_check_against_the_emulator() -> None:
+    """``homagg bench p4rate``'s packets, through the emulator pipeline, give what its check expects;
+    the check rejects a wrong word and a missing result."""
+    from homagg import ProtocolError
+    from homagg.bench import _p4rate
+    from homagg.p4._pcap_switch import udp_frame
+    from switch_emulator.admission import AdmissionTable
+    from switch_emulator.pipeline import Pipeline
+
+    rounds = 7
+    job = _p4rate.rate_job()
+    port_of = {w.addr: w.worker_id + 1 for w in job.workers}
+    out: dict[int, list[tuple[float, bytes]]] = defaultdict(list)
+    adm = AdmissionTable(pool_slots=1024)
+    adm.admit(job)
+
+    def deliver(dg: bytes, addr: tuple[str, int]) -> None:
+        frame = udp_frame((SERVICE_IP, wire.HOMAGG_UDP_PORT), SERVICE_MAC, tuple(addr), _mac(1), bytes(dg))
+        out[port_of[tuple(addr)]].append((0.0, frame))
+
+    pipe = Pipeline(adm, deliver)
+    for src, dg in _p4rate.rate_sequence(rounds):
+        pipe.process(dg, len(dg), src)
+    assert sorted(out) == [1, 2, 3]
+    _p4rate._check(dict(out), rounds)
+    bad = bytearray(out[2][3][1])
+    bad[-1] ^= 1
+    out[2][3] = (0.0, bytes(bad))
+    with pytest.raises(ProtocolError, match="differs"):
+        _p4rate._check(dict(out), rounds)
+    with pytest.raises(ProtocolError, match="6 results, expected 7"):
+        _p4rate._check({**out, 2: out[2][:6]}, rounds)
+
+
+def test_p4rate_without_bmv2_says_so(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the BMv2 tools the benchmark exits non-zero naming what is missing."""
+    import argparse
+
+    from homagg import ConfigError
+    from homagg.bench import _p4rate
+
+    monkeypatch.setenv("PATH", "")
+    parser = argparse.ArgumentParser()
+    _p4rate.configure_parser(parser)
+    with pytest.raises(ConfigError, match="p4c-bm2-ss \\(not on PATH\\), simple_switch_grpc \\(not on PATH\\)"):
+        _p4rate.run(parser.parse_args([]))
+
+
+# ----------------------------------------------------------------------------------------------
 # BMv2
 # ----------------------------------------------------------------------------------------------
 
 
 def _frame(src: tuple[str, int], dg: bytes) -> bytes:
-    from scapy.layers.inet import IP, UDP
-    from scapy.layers.l2 import Ether
+    from homagg.p4._pcap_switch import udp_frame
 
     idx = int(src[0].rsplit(".", 1)[1])
-    return bytes(Ether(src=_mac(idx % 256), dst=SERVICE_MAC) / IP(src=src[0], dst=SERVICE_IP, ttl=64)
-                 / UDP(sport=src[1], dport=wire.HOMAGG_UDP_PORT) / dg)
+    return udp_frame(src, _mac(idx % 256), (SERVICE_IP, wire.HOMAGG_UDP_PORT), SERVICE_MAC, dg)
 
 
 @pytest.fixture(scope="module")
@@ -164,29 +323,17 @@ def test_compiles_without_warnings(built) -> None:  # noqa: ANN001
     assert built.warnings == ()
 
 
-def _run_bmv2(tmp: Path, built, seq, expected: int, grpc_port: int = 50551,  # noqa: ANN001, ANN202
-              bmv2_args: tuple[str, ...] = ()):
-    from scapy.utils import wrpcap
-
-    from homagg.p4._control import P4Controller, SwitchConfig
+def _run_bmv2(tmp: Path, built, seq, expected: int):  # noqa: ANN001, ANN202
+    """Run ``seq`` into port 1 of a pcap-file BMv2 configured by the controller (checking that every
+    controller operation is idempotent); the frames out per port, and the counters."""
+    from homagg.p4 import Controller, SwitchConfig
+    from homagg.p4._pcap_switch import PcapSwitch
 
     ports = sorted({h["port"] for h in _hosts()} | {1})
-    wrpcap(str(tmp / "p1_in.pcap"), [__import__("scapy.layers.l2", fromlist=["Ether"]).Ether(_frame(s, d))
-                                      for s, d in seq])
-    for p in ports:
-        if p != 1:
-            wrpcap(str(tmp / f"p{p}_in.pcap"), [])
-    args = [shutil.which("simple_switch_grpc"), "--use-files", "12", "--device-id", "0",
-            "--thrift-port", str(grpc_port + 1)]
-    for p in ports:
-        args += ["-i", f"{p}@p{p}"]
-    args += [*bmv2_args, "--no-p4", "--", "--grpc-server-addr", f"127.0.0.1:{grpc_port}"]
-    log = open(tmp / "bmv2.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(args, cwd=tmp, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        cfg = SwitchConfig.from_dict({"name": "s1", "grpc": f"127.0.0.1:{grpc_port}", "service_ip": SERVICE_IP,
+    with PcapSwitch(tmp, ports, {1: [_frame(s, d) for s, d in seq]}, grpc_port=50551) as sw:
+        cfg = SwitchConfig.from_dict({"name": "s1", "grpc": sw.grpc_addr, "service_ip": SERVICE_IP,
                                       "service_mac": SERVICE_MAC, "ports": ports, "hosts": _hosts()})
-        with P4Controller(cfg.grpc, 0, p4info=built.p4info, bmv2_json=built.json, timeout=10) as ctl:
+        with Controller(cfg.grpc, 0, p4info=built.p4info, bmv2_json=built.json, timeout=10) as ctl:
             ctl.push()
             assert ctl.push() is False  # idempotent: same cookie, nothing pushed
             ctl.check_pipeline()
@@ -195,39 +342,14 @@ def _run_bmv2(tmp: Path, built, seq, expected: int, grpc_port: int = 50551,  # n
             for j in jobs():
                 ctl.add_job(cfg, j)
                 ctl.add_job(cfg, j)  # idempotent
-            t0 = time.monotonic()
-            from scapy.utils import rdpcap
-
-            def count() -> int:
-                n = 0
-                for p in ports:
-                    f = tmp / f"p{p}_out.pcap"
-                    if f.exists() and f.stat().st_size > 24:
-                        try:
-                            n += len(rdpcap(str(f)))
-                        except Exception:  # noqa: BLE001 - being written
-                            pass
-                return n
-
-            while time.monotonic() - t0 < 60 and count() < expected:
-                time.sleep(0.5)
+            sw.wait_for(expected, timeout=60)
             time.sleep(1.0)
             counters = ctl.read_counters()
             for _ in range(2):  # removing a job is idempotent
                 ctl.remove_job(cfg, jobs()[1])
             left = {(s["ip"], s["port"]) for s in ctl.read_counters()["sources"]}
             assert left == {w.addr for w in jobs()[0].workers}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
-    from scapy.utils import rdpcap
-
-    def read(p: int) -> list[bytes]:  # a port that sent nothing may leave an empty file (no pcap header)
-        f = tmp / f"p{p}_out.pcap"
-        return [bytes(x) for x in rdpcap(str(f))] if f.exists() and f.stat().st_size >= 24 else []
-
-    frames = {p: read(p) for p in ports}
+    frames = {p: [raw for _, raw in sw.output(p)] for p in ports}  # read after the switch stopped
     return frames, counters
 
 
@@ -262,43 +384,6 @@ def test_differential_emulator_vs_bmv2(tmp_path: Path, built) -> None:  # noqa: 
         assert counters.get(f"drop_{name}", 0) == emu_counters.get(f"drop_{name}", 0), name
 
 
-def rate_sequence(rounds: int) -> list[tuple[tuple[str, int], bytes]]:
-    """Full 32-word ADD rounds of job 1 (3 workers), no loss: 3 packets in, 3 results out per round."""
-    j = jobs()[0]
-    out = []
-    words = list(range(32))
-    for g in range(rounds):
-        slot, bank = j.slot_base + g % j.n_slots, (g // j.n_slots) % 2
-        for w in j.workers:
-            out.append((w.addr, wire.pack_packet(wire.Header(1, 0, 0, j.job_id, w.worker_id, 32, bank, slot,
-                                                             g & 0xFFFF, 32 * g), words)))
-    return out
-
-
-@pytest.mark.bmv2
-def test_bmv2_packet_rate(tmp_path: Path, built, record_property) -> None:  # noqa: ANN001
-    """BMv2's pipeline rate on this machine (ports are pcap files: no NIC, no kernel in the way)."""
-    from scapy.utils import rdpcap
-
-    rounds = 2000
-    seq = rate_sequence(rounds)
-    # --log-level off: without a log sink BMv2 still formats every message at its default level
-    # (trace) when it was built with logging macros, as the tested build was
-    frames, counters = _run_bmv2(tmp_path, built, seq, 3 * rounds, grpc_port=50561,
-                                 bmv2_args=("--log-level", "off"))
-    stamps = []
-    for p in (1, 2, 3):
-        f = tmp_path / f"p{p}_out.pcap"
-        if f.exists():
-            stamps += [float(pkt.time) for pkt in rdpcap(str(f))]
-    assert len(stamps) == 3 * rounds
-    span = max(stamps) - min(stamps)
-    pps_in = len(seq) / span if span > 0 else float("inf")
-    record_property("bmv2_input_pps", round(pps_in))
-    print(f"BMv2: {len(seq)} worker packets (32 words) in {span:.3f}s = {pps_in:.0f} packets/s in, "
-          f"{3 * rounds / span:.0f} results/s out")
-
-
 @pytest.mark.bmv2
 def test_readmission_starts_from_zero(tmp_path: Path, built) -> None:  # noqa: ANN001
     """Admitting a job again resets its cells (the admission epoch; PI cannot write registers).
@@ -317,7 +402,7 @@ def test_readmission_starts_from_zero(tmp_path: Path, built) -> None:  # noqa: A
     from scapy.layers.l2 import Ether
     from scapy.sendrecv import AsyncSniffer, sendp
 
-    from homagg.p4._control import P4Controller, SwitchConfig
+    from homagg.p4 import Controller, SwitchConfig
     from switch_emulator.admission import AdmissionTable
     from switch_emulator.pipeline import Pipeline
 
@@ -350,7 +435,7 @@ def test_readmission_starts_from_zero(tmp_path: Path, built) -> None:  # noqa: A
         for src, dg in (phase1 if phase is phase1 else phase2):
             pipe.process(dg, len(dg), src)
     try:
-        with P4Controller(cfg.grpc, 0, p4info=built.p4info, bmv2_json=built.json, timeout=10) as ctl:
+        with Controller(cfg.grpc, 0, p4info=built.p4info, bmv2_json=built.json, timeout=10) as ctl:
             ctl.push()
             ctl.configure(cfg)
             ctl.add_job(cfg, j)

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from homagg import wire
-from homagg.p4 import P4_DIR, header_fields, p4_constants
+from homagg.p4 import P4_DIR, drop_reason_names, header_fields, p4_constants
 from homagg.p4.source import strip_comments
 
 WIRE_TWINS = {
@@ -128,3 +128,19 @@ def test_top_file_only_includes() -> None:
     for block in ("admission", "slot_select", "worker_bitmap", "counter", "combine", "replicate",
                   "forward", "deparser", "parser", "headers", "configuration", "ingress", "state"):
         assert f'#include "{block}.p4"' in src
+
+
+def test_drop_reason_names_are_the_emulator_counters() -> None:
+    """The controller names BMv2's drop_reasons counter indices from configuration.p4; oracle: the
+    emulator's counter names (``drop_<reason>``), which must cover every P4 drop and vice versa."""
+    from switch_emulator.counters import DROP_REASONS
+
+    names = drop_reason_names()
+    c = p4_constants()
+    assert names[c["DROP_VERSION"].value] == "drop_version"
+    assert names[c["DROP_SHORT"].value] == "drop_short"
+    assert names[c["DROP_CONSUMED"].value] == "consumed"  # absorbed, not a drop
+    assert c["DROP_NONE"].value not in names and max(names) < c["DROP_REASONS"].value
+    drops = {n for n in names.values() if n.startswith("drop_")}
+    assert drops == {f"drop_{r}" for r in DROP_REASONS if r != "injected"}  # injection: emulator only
+    assert len(names) == len(drops) + 1

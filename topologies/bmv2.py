@@ -2,8 +2,8 @@
 
 :class:`Bmv2Switch` starts ``simple_switch_grpc --no-p4`` in the root namespace with port ``n``
 bound to its ``n``-th interface, gRPC on ``127.0.0.1:<grpc_port>``; the pipeline, entries and
-groups are then pushed by :class:`homagg.p4._control.P4Controller` (so the controller path is the
-one a user runs).  ``attach_star`` / ``attach_two_tier`` give a :class:`~topologies._deploy.Deployment`
+groups are then pushed by :class:`homagg.p4.Controller` (so the controller path is the one a user
+runs).  ``attach_star`` / ``attach_two_tier`` give a :class:`~topologies._deploy.Deployment`
 its ``bmv2_config`` (the ``bmv2`` section of the job file), ``start_bmv2`` and ``bmv2_status``.
 """
 
@@ -16,6 +16,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from ._addresses import SERVICE_IP, SERVICE_MAC
 from ._deploy import Deployment
 from ._mn import import_mininet
 
@@ -74,7 +75,7 @@ class Bmv2Switch(Switch):
 def _start_bmv2(dep: Deployment, out: Path, job_file: Path) -> None:
     from homagg.jobs import load_jobs
     from homagg.p4._build import build
-    from homagg.p4._control import P4Controller, SwitchConfig, SwitchUnreachableError
+    from homagg.p4 import Controller, SwitchConfig, SwitchUnreachableError
 
     res = build()
     for host in (s.host for s in dep.workers):
@@ -90,7 +91,7 @@ def _start_bmv2(dep: Deployment, out: Path, job_file: Path) -> None:
         deadline = time.monotonic() + 30
         while True:
             try:
-                ctl = P4Controller(cfg.grpc, cfg.device_id, p4info=res.p4info, bmv2_json=res.json, timeout=2)
+                ctl = Controller(cfg.grpc, cfg.device_id, p4info=res.p4info, bmv2_json=res.json, timeout=2)
                 break
             except SwitchUnreachableError:
                 if time.monotonic() > deadline or (sw.proc is not None and sw.proc.poll() is not None):
@@ -104,7 +105,7 @@ def _start_bmv2(dep: Deployment, out: Path, job_file: Path) -> None:
 
 
 def _bmv2_status(dep: Deployment) -> dict[str, Any]:
-    from homagg.p4._control import P4Controller, SwitchConfig
+    from homagg.p4 import Controller, SwitchConfig
 
     out: dict[str, Any] = {}
     for d in dep.bmv2_config["bmv2"]["switches"]:  # type: ignore[attr-defined]
@@ -112,7 +113,7 @@ def _bmv2_status(dep: Deployment) -> dict[str, Any]:
         if not cfg.service_ip:
             continue
         try:
-            with P4Controller(cfg.grpc, cfg.device_id, timeout=5) as ctl:
+            with Controller(cfg.grpc, cfg.device_id, timeout=5) as ctl:
                 out[cfg.name] = ctl.read_counters()
         except Exception as exc:  # noqa: BLE001 - status is informative
             out[cfg.name] = {"error": str(exc)}
@@ -132,8 +133,6 @@ def attach_star(dep: Deployment, hosts: list[dict[str, Any]], service_ip: str, s
 
 
 def attach_two_tier(dep: Deployment, hosts: list[dict[str, Any]], racks: int) -> None:
-    from .star import SERVICE_IP, SERVICE_MAC
-
     spine, leaves = dep.switch_nodes[0], dep.switch_nodes[1:]
     switches = [{"name": spine.name, "grpc": spine.grpc_addr, "device_id": spine.device_id,
                  "service_ip": SERVICE_IP, "service_mac": SERVICE_MAC, "ports": list(range(1, racks + 1)),

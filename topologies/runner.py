@@ -5,7 +5,7 @@
 1. builds the topology (:mod:`topologies.star` or :mod:`topologies.two_tier`) with TCLinks,
 2. writes the job description (``job.json``: every worker's address is ``(its ip, 18500)``, so no
    registration is needed) and starts the switch: the emulator on the switch host, or
-   ``simple_switch_grpc`` configured by :class:`homagg.p4._control.P4Controller`,
+   ``simple_switch_grpc`` configured by :class:`homagg.p4.Controller`,
 3. optionally captures every worker link with tcpdump (``pcaps/``),
 4. starts one worker process per host (:mod:`topologies._worker`): every scheme, exact check,
 5. collects ``results.json`` (per worker, per scheme), ``logs/``, switch counters,

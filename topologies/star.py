@@ -7,7 +7,7 @@ routes, every aggregation decision is the emulator's pipeline).
 
 ``--switch bmv2``: the switch is ``simple_switch_grpc`` running ``p4/homagg.p4`` (ports 1..W);
 workers share ``10.0.0.0/24`` (``10.0.0.<r+1>``) and send to the switch's service address
-``10.0.0.254`` (static ARP entry), configured by :mod:`homagg.p4._control`.
+``10.0.0.254`` (static ARP entry), configured by :class:`homagg.p4.Controller`.
 
 Each link is a TCLink with the given bandwidth/delay/loss.
 """
@@ -19,18 +19,11 @@ from typing import Any
 
 from homagg.wire import HOMAGG_UDP_PORT
 
+from ._addresses import PREFIX, SERVICE_IP, SERVICE_MAC, worker_mac
 from ._deploy import Deployment, LinkOpts, WorkerSite
 from ._mn import import_mininet
 
-__all__ = ["build_star", "SERVICE_IP", "SERVICE_MAC", "worker_mac"]
-
-SERVICE_IP = "10.0.0.254"
-SERVICE_MAC = "02:48:41:00:00:fe"
-PREFIX = "hg"
-
-
-def worker_mac(rank: int) -> str:
-    return f"02:48:41:00:{rank >> 8:02x}:{(rank & 0xFF) + 1:02x}"
+__all__ = ["build_star"]
 
 
 def _switch_host_star(net: Any, workers: int, link: LinkOpts, ip_of: Callable[[int], str]) -> tuple[Any, list[Any]]:
@@ -93,7 +86,3 @@ def build_star(workers: int, switch: str, link: LinkOpts, emulator_backend: str 
     for s in sites:
         dep.capture_intfs.append((s.host, s.intf))
     return dep
-
-
-def describe(dep: Deployment) -> dict[str, Any]:
-    return {"topology": "star", "switch": dep.kind, "workers": [(s.ip, s.switch_ip) for s in dep.workers]}

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from homagg.wire import HOMAGG_UDP_PORT
 
+from ._addresses import PREFIX, SERVICE_IP, SERVICE_MAC, worker_mac
 from ._deploy import Deployment, LinkOpts, WorkerSite
 from ._mn import import_mininet
-from .star import PREFIX, SERVICE_IP, SERVICE_MAC, worker_mac
 
 __all__ = ["build_two_tier", "rack_of"]
 

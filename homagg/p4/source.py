@@ -1,7 +1,7 @@
 """Read constants and header layouts straight out of the P4 sources in ``p4/``.
 
 Used by ``tests/test_p4_constants.py`` (to prove ``p4/`` agrees with :mod:`homagg.wire`) and by
-the controller (pool size, table sizes), so no number is written down twice.
+the controller (pool size, flood group, drop reason names), so no number is written down twice.
 
 Only the subset of P4_16 the project writes is understood: ``const bit<N> NAME = VALUE;`` lines
 and ``header name_t { bit<N> field; ... }`` blocks.  Comments are stripped first.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .._errors import ConfigError
 
-__all__ = ["P4_DIR", "P4Const", "p4_constants", "header_fields", "strip_comments"]
+__all__ = ["P4_DIR", "P4Const", "p4_constants", "header_fields", "drop_reason_names", "strip_comments"]
 
 #: the repository's ``p4/`` folder (the source tree; an installed wheel does not ship it)
 P4_DIR = Path(__file__).resolve().parents[2] / "p4"
@@ -84,3 +84,30 @@ def header_fields(header: str, p4_dir: Path | None = None) -> list[tuple[str, in
         if name == header:
             return [(field, int(bits)) for bits, field in _FIELD.findall(body)]
     raise ConfigError(f"headers.p4 declares no header {header!r}")
+
+
+#: ``DROP_*`` constants that count something other than a drop (named without the ``drop_`` prefix)
+NOT_DROPS = frozenset({"CONSUMED"})
+#: ``DROP_*`` constants that are not counter indices: no reason, and the counter's size
+_NOT_REASONS = frozenset({"NONE", "REASONS"})
+
+
+@lru_cache(maxsize=None)
+def drop_reason_names(p4_dir: Path | None = None) -> dict[int, str]:
+    """``drop_reasons`` counter index -> counter name, from ``configuration.p4``'s ``DROP_*`` constants.
+
+    ``DROP_<X>`` is named ``drop_<x>`` (the emulator's counter name for the same reason), except
+    the reasons in :data:`NOT_DROPS` (``DROP_CONSUMED`` -> ``consumed``: absorbed, not an error).
+    Invariants checked here: indices are distinct and below ``DROP_REASONS`` (the counter size).
+    """
+    consts = p4_constants(p4_dir)
+    size = consts["DROP_REASONS"].value if "DROP_REASONS" in consts else 0
+    out: dict[int, str] = {}
+    for name, const in consts.items():
+        if not name.startswith("DROP_") or name[5:] in _NOT_REASONS:
+            continue
+        reason = name[5:]
+        if not 0 < const.value < size or const.value in out:
+            raise ConfigError(f"configuration.p4: {name} = {const.value} is not a free index below DROP_REASONS")
+        out[const.value] = reason.lower() if reason in NOT_DROPS else "drop_" + reason.lower()
+    return out

@@ -1,0 +1,159 @@
+"""The homagg operations on a BMv2 ``simple_switch_grpc`` running ``p4/homagg.p4``.
+
+:class:`Controller` is a :class:`~homagg.p4._session.P4RuntimeSession` (``push``,
+``check_pipeline``, idempotent writes) plus: ``configure`` (service address, L2 entries, flood
+group), ``add_job`` (admission entries, result rewrite, multicast group, a fresh admission epoch),
+``remove_job`` and ``read_counters`` (drop reasons named as the emulator's counters, packets per
+admitted source).  Every operation is idempotent.
+
+Registers are never written over P4Runtime: PI (the P4Runtime server in ``simple_switch_grpc``)
+answers register writes and reads with UNIMPLEMENTED, and ``simple_switch_grpc`` has no thrift
+server.  Instead each admission carries a random nonzero 32-bit epoch in its ``admit`` entries;
+the data plane treats a cell stamped with another epoch as never used (``p4/state.p4``).
+
+Invariants: a job's multicast group is never 0 nor ``FLOOD_GROUP`` and below 2^15 (PI's limit);
+sizes and names come from ``p4/configuration.p4`` (:mod:`homagg.p4.source`), not copies.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from typing import Any
+
+from .._errors import ConfigError
+from ..jobs import JobSpec
+from ..wire import P4_WORDS
+from ._session import P4RuntimeSession
+from ._switches import SwitchConfig
+from .source import P4Const, drop_reason_names, p4_constants
+
+__all__ = ["Controller"]
+
+
+def _mac(text: str) -> int:
+    return int(text.replace(":", ""), 16)
+
+
+def _ip(text: str) -> int:
+    return int(ipaddress.IPv4Address(text))
+
+
+class Controller(P4RuntimeSession):
+    """A P4Runtime session to one homagg.p4 device with the homagg operations.  A context manager.
+
+    ``Controller(grpc_addr, device_id, p4info=..., bmv2_json=..., timeout=...)``; the build paths
+    default to ``p4/build/`` (``homagg p4 build``).
+    """
+
+    @property
+    def consts(self) -> dict[str, P4Const]:
+        """``configuration.p4``'s constants (:func:`homagg.p4.source.p4_constants`)."""
+        return p4_constants()
+
+    @staticmethod
+    def new_epoch() -> int:
+        """A fresh admission epoch: random, nonzero (cells of a never-used pool are stamped 0)."""
+        return secrets.randbits(32) or 1
+
+    @staticmethod
+    def mcast_group(job_id: int) -> int:
+        """The job's result multicast group: the job id itself for ids 1 .. 32766, never 0 nor
+        FLOOD_GROUP (0x7FFF); PI accepts group ids below 2^15 only."""
+        return 1 + (job_id - 1) % 0x7FFE
+
+    def configure(self, sw: SwitchConfig) -> None:
+        """Service address, L2 forwarding entries and the flood group (idempotent)."""
+        ups: list[tuple[str, Any]] = []
+        if sw.service_ip:
+            ups.append(("insert", self.table_entry("local_address", {"hdr.ipv4.dst_addr": _ip(sw.service_ip)},
+                                                   "service_address")))
+        for h in sw.hosts:
+            ups.append(("insert", self.table_entry("l2_forward", {"hdr.ethernet.dst_addr": _mac(h.mac)},
+                                                   "to_port", {"port": h.port})))
+        flood = self.consts["FLOOD_GROUP"].value
+        ups.append(("insert", self.multicast_entity(flood, [(p, 0) for p in sw.ports])))
+        self.write(ups)
+
+    def _check_job(self, job: JobSpec) -> None:
+        pool = self.consts["SLOT_POOL_SIZE"].value
+        if job.slot_base + job.n_slots > pool:
+            raise ConfigError(f"job {job.job_id}: slots [{job.slot_base}, +{job.n_slots}) exceed the P4 pool of {pool}")
+        if job.words_per_packet > P4_WORDS:
+            raise ConfigError(f"job {job.job_id}: words_per_packet {job.words_per_packet} > {P4_WORDS} (P4 target)")
+
+    def add_job(self, sw: SwitchConfig, job: JobSpec) -> None:
+        """Admit ``job`` (every worker with an address): entries, multicast group, fresh epoch.
+
+        The epoch (see the module doc) makes every cell of the job's slot range read as zero, as a
+        newly admitted job's state in the emulator; admitting again starts from zero again.
+        """
+        job.validate()
+        self._check_job(job)
+        if not sw.service_ip or not sw.service_mac:
+            raise ConfigError(f"switch {sw.name} has no service address: it cannot aggregate")
+        epoch = self.new_epoch()
+        group = self.mcast_group(job.job_id)
+        ups: list[tuple[str, Any]] = []
+        replicas = []
+        for w in sorted(job.workers, key=lambda w: w.worker_id):
+            h = sw.host(w.ip)
+            ups.append(("insert", self.table_entry(
+                "admission", {"hdr.ipv4.src_addr": _ip(w.ip), "hdr.udp.src_port": w.port}, "admit",
+                {"job_id": job.job_id, "worker_id": w.worker_id, "slot_base": job.slot_base, "n_slots": job.n_slots,
+                 "world_size": job.world_size, "words_per_packet": job.words_per_packet, "mcast_grp": group,
+                 "worker_port": h.port, "epoch": epoch})))
+            ups.append(("insert", self.table_entry(
+                "result_rewrite", {"hdr.homagg.job_id": job.job_id, "hdr.homagg.worker_id": w.worker_id}, "to_worker",
+                {"switch_mac": _mac(sw.service_mac), "switch_ip": _ip(sw.service_ip), "worker_mac": _mac(h.mac),
+                 "worker_ip": _ip(w.ip), "worker_port": w.port})))
+            replicas.append((h.port, w.worker_id))
+        ups.append(("insert", self.multicast_entity(group, replicas)))
+        self.write(ups)
+
+    def remove_job(self, sw: SwitchConfig, job: JobSpec) -> None:
+        """Forget ``job``: its entries and group go (missing pieces ignored).
+
+        Its cells keep their values but can no longer be reached; a later admission of the range
+        gets a new epoch and reads them as zero.
+        """
+        ups: list[tuple[str, Any]] = []
+        for w in job.workers:
+            ups.append(("delete", self.table_entry("admission", {"hdr.ipv4.src_addr": _ip(w.ip),
+                                                                 "hdr.udp.src_port": w.port})))
+            ups.append(("delete", self.table_entry("result_rewrite", {"hdr.homagg.job_id": job.job_id,
+                                                                      "hdr.homagg.worker_id": w.worker_id})))
+        ups.append(("delete", self.multicast_entity(self.mcast_group(job.job_id), [])))
+        self.write(ups, ignore_missing=True)
+
+    def read_counters(self) -> dict[str, Any]:
+        """Drop reasons by emulator counter name, and per admitted source its packets."""
+        out: dict[str, Any] = {}
+        names = drop_reason_names()
+        c = self.info.get("counters", "drop_reasons")
+        for e in self.read(lambda ent: setattr(ent.counter_entry, "counter_id", c.preamble.id)):
+            idx = e.counter_entry.index.index
+            if idx in names:
+                out[names[idx]] = e.counter_entry.data.packet_count
+        t = self.info.get("tables", "admission")
+        mf_names = {m.id: m.name for m in t.match_fields}
+        p_names = {p.id: p.name for p in self.info.get("actions", "admit").params}
+
+        def fill(ent: Any) -> None:
+            ent.table_entry.table_id = t.preamble.id
+            ent.table_entry.counter_data.SetInParent()
+
+        sources = []
+        for e in self.read(fill):
+            te = e.table_entry
+            if not te.match:
+                continue
+            vals = {mf_names.get(m.field_id): int.from_bytes(m.exact.value, "big") for m in te.match}
+            params = {p_names.get(p.param_id): int.from_bytes(p.value, "big") for p in te.action.action.params}
+            ip = next(v for k, v in vals.items() if k and k.endswith("src_addr"))
+            port = next(v for k, v in vals.items() if k and k.endswith("src_port"))
+            sources.append({"ip": str(ipaddress.IPv4Address(ip)), "port": port,
+                            "job_id": params.get("job_id"), "worker_id": params.get("worker_id"),
+                            "packets": te.counter_data.packet_count})
+        out["sources"] = sorted(sources, key=lambda s: (s["job_id"] or 0, s["worker_id"] or 0))
+        return out

@@ -3,16 +3,26 @@
 Public API::
 
     homagg.allreduce(tensor, port, scheme="auto", stats=None, **options)   # one worker's SUM
+    homagg.History()                                                      # what earlier calls agreed
     homagg.testing.local_allreduce(tensors, scheme="auto", **options)      # W workers in-process
     homagg.CombineOp, homagg.Stream, homagg.SwitchPort, homagg.InProcessSwitch  # switch contract
     homagg.CodecConfig, homagg.WorkerStats, homagg.SCHEMES
     homagg.HomAggError and its subclasses (see homagg._errors)
 
-Importing homagg registers the ``homagg`` torch.distributed backend (the ``torch.backends`` entry
-point does it too, so unmodified scripts work).
+Imports are lazy: ``import homagg`` loads only the exception tree and the codec options (no
+torch), so ``homagg --help`` and the switch emulator (which uses :mod:`homagg.wire` and
+:mod:`homagg.jobs`) start fast.  The names above load their modules on first access.
+
+Importing homagg registers the ``homagg`` torch.distributed backend when torch is already
+imported; otherwise torch's ``torch.backends`` entry point registers it when torch is imported
+(so unmodified scripts work), or call :func:`homagg.torch.register`.
 """
 
 from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
 
 from ._config import SCHEMES, CodecConfig
 from ._errors import (
@@ -26,15 +36,23 @@ from ._errors import (
     TransportError,
     WireFormatError,
 )
-from ._protocol import allreduce
-from ._stats import WorkerStats
-from ._switch import CombineOp, InProcessSwitch, Stream, SwitchPort
-from . import torch as _torch_backend  # noqa: F401,E402  registers the "homagg" torch.distributed backend
 
 __version__ = "0.1.0"
 
+#: public name -> module that defines it (imported on first access)
+_LAZY = {
+    "allreduce": "._protocol",
+    "History": "._history",
+    "WorkerStats": "._stats",
+    "CombineOp": ".wire",
+    "Stream": "._switch",
+    "SwitchPort": "._switch",
+    "InProcessSwitch": "._switch",
+}
+
 __all__ = [
     "allreduce",
+    "History",
     "CodecConfig",
     "SCHEMES",
     "WorkerStats",
@@ -52,3 +70,22 @@ __all__ = [
     "TransportError",
     "SwitchTimeoutError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if "torch" in sys.modules:  # cheap then: registers "homagg" with torch.distributed
+    from .torch import _backend as _torch_backend
+
+    _torch_backend.register()

@@ -37,6 +37,7 @@ __all__ = [
     "limb_count",
     "check_finite",
     "block_exponents",
+    "mismatched_blocks",
     "quantize",
     "dequantize",
     "to_limbs",
@@ -97,6 +98,15 @@ def block_exponents(idx: torch.Tensor, values: torch.Tensor, numel: int, block_s
         exps = torch.frexp(values).exponent.to(torch.int32)
         out.scatter_reduce_(0, idx // block_size, exps, reduce="amax")
     return out
+
+
+def mismatched_blocks(guess: torch.Tensor, agreed: torch.Tensor) -> torch.Tensor:
+    """Blocks whose agreed exponent differs from a guessed one and that hold a nonzero somewhere.
+
+    Values quantised under the guess are on the agreed grid exactly in the other blocks (equal
+    exponents), or are all zero there (agreed exponent EMPTY): only flagged blocks need a redo.
+    """
+    return (agreed != guess) & (agreed != EMPTY_EXPONENT)
 
 
 def quantize(idx: torch.Tensor, values: torch.Tensor, exponents: torch.Tensor, block_size: int, world_size: int) -> torch.Tensor:

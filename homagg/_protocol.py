@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import torch
 
 from ._config import CodecConfig
+from ._history import History
 from ._schemes import protocol
 from ._stats import WorkerStats
-from ._switch import SwitchPort
+from .transport import SwitchPort
 
 __all__ = ["allreduce"]
 
@@ -22,6 +24,8 @@ def allreduce(
     stats: WorkerStats | None = None,
     config: CodecConfig | None = None,
     inplace: bool = False,
+    history: History | None = None,
+    key: Hashable = None,
     **options: Any,
 ) -> torch.Tensor:
     """Exact homomorphic SUM of ``tensor`` over the workers behind ``port``.
@@ -30,9 +34,16 @@ def allreduce(
     fixed-point grid (error bound in :mod:`homagg._fixedpoint`); integers exactly.  Every scheme
     gives bit-identical results.  ``options`` are :class:`CodecConfig` fields (or pass ``config``).
     Raises :class:`NonFiniteError` before sending anything if the input holds NaN/Inf.
+
+    ``history`` (one :class:`History` per worker, used by every worker the same way) lets a
+    call with the same ``key``, numel and dtype as an earlier one skip the exponent round: dense
+    and sketch then take one round (plus a rare redo/repair round), compact two.  The result is
+    bit-identical with or without history.
     """
     cfg = config if config is not None else CodecConfig.from_options(options)
-    gen = protocol(tensor, port.world_size, scheme, cfg, stats if stats is not None else WorkerStats(), inplace)
+    stats = stats if stats is not None else WorkerStats()
+    stats.calls += 1
+    gen = protocol(tensor, port.world_size, scheme, cfg, stats, inplace, history, key)
     try:
         streams = next(gen)
         while True:

@@ -1,48 +1,65 @@
 """Worker-side protocols of the schemes, written as generators of rounds.
 
-A protocol yields a round (a list of :class:`~homagg._switch.Stream`), receives the combined
+A protocol yields a round (a list of :class:`~homagg.transport.Stream`), receives the combined
 words, and finally returns the result tensor.  It never knows how words travel.
 
-Rounds (floats; integers have no exponent stream, ``n`` elements, ``U`` distinct nonzeros over all
-workers, ``L`` words per element, ``B`` elements per exponent block):
+First call of a tensor (no :class:`~homagg.History` entry; floats; integers have no exponent
+stream; ``n`` elements, ``U`` distinct nonzeros over all workers, ``L`` words per element, ``B``
+elements per exponent block):
 
 =========  ===============================================  ================================
 scheme     rounds                                           words sent per worker
 =========  ===============================================  ================================
 dense      1 exponents(MAX) ; 2 values(ADD)                 n/B + nL
 compact    1 exponents(MAX) + bitmap(OR) ; 2 values at U    n/B + n/32 + UL
-sketch     1 exponents(MAX) + union stats(MAX/ADD) ;        n/B + R + n/32 + cL   (c ~ 1.3U)
+sketch     1 exponents(MAX) + union stats(MAX/ADD) ;        n/B + R + n/32 + cL   (c ~ 1.4U)
            2 bitmap(OR) + count sketch(ADD) ;
            3 repair(ADD) only if the 2-core is non-empty    + (2-core size) L
 auto       round 1 of sketch, then the continuation with
            the lowest modelled cost (see :func:`choose`)
 =========  ===============================================  ================================
 
-Every scheme quantises with the same agreed exponents, so the integer sums, and therefore the
-results, are bit-identical across schemes.
+Steady state (the :class:`~homagg.History` holds the previous call's agreed exponents ``G`` and
+union size): values are quantised under the guess ``G`` and the fresh local exponents travel
+(MAX) in the *same* round; blocks whose agreed exponent differs from ``G`` are redone in one
+more round with the agreed exponents (only those blocks' elements, ``redo`` stream):
+
+=========  ==================================================================  ==========
+scheme     rounds                                                              typical
+=========  ==================================================================  ==========
+dense      1 exponents + values(under G) ; 2 redo if a block's exponent moved  1
+compact    as on the first call (its values wait for the bitmap anyway)        2
+sketch     1 exponents + bitmap + sketch(under G, cells from the last union) ;  1
+           2 repair: 2-core and moved blocks, only if either is non-empty
+auto       the continuation chosen from the last union size, steady form       1 or 2
+=========  ==================================================================  ==========
+
+Every scheme's integer sums are those of quantising under the *agreed* exponents, so results
+are bit-identical across schemes and between first and steady-state calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Hashable
 
 import torch
 
-from . import _bitmap, _fixedpoint, _sketch
+from . import _bitmap, _sketch
 from ._config import CodecConfig, check_scheme
-from ._errors import ProtocolError
 from ._hashing import hll_estimate, hll_registers
+from ._history import Agreed, History
 from ._stats import WorkerStats
-from ._switch import CombineOp, Stream
+from .transport import Stream
+from ._worker import Round, Worker, exchange
+from .wire import CombineOp
 
 __all__ = ["protocol", "choose", "Round"]
 
-Round = list[Stream]
 Protocol = Generator[Round, list[torch.Tensor], torch.Tensor]
 
 
 def choose(numel: int, union_estimate: float, limbs: int, cfg: CodecConfig) -> str:
-    """``auto``'s choice once the union size is estimated (round 1 is already paid).
+    """``auto``'s choice once the union size is estimated (or remembered).
 
     Cost of a continuation = bytes on the wire / bandwidth + further rounds * RTT, with
     dense: ``4nL`` bytes, 1 round; sketch: ``n/8 + 4cL`` bytes (c cells), 1 round (a repair round
@@ -61,135 +78,104 @@ def choose(numel: int, union_estimate: float, limbs: int, cfg: CodecConfig) -> s
     return min(costs, key=lambda k: costs[k])
 
 
-class _Worker:
-    """One worker's local view of one tensor: nonzero positions and (later) their grid values."""
-
-    def __init__(self, tensor: torch.Tensor, world_size: int, cfg: CodecConfig, inplace: bool = False) -> None:
-        self.cfg = cfg
-        self.world_size = world_size
-        self.dtype = tensor.dtype
-        self.is_float = _fixedpoint.is_float_dtype(tensor.dtype)
-        self.limbs = _fixedpoint.limb_count(tensor.dtype)
-        flat = tensor.detach().reshape(-1)
-        # In place: the result overwrites the input, whose zeros outside the union already hold.
-        self.target = flat if inplace and flat.data_ptr() == tensor.data_ptr() and tensor.is_contiguous() else None
-        self.numel = flat.numel()
-        self.device = flat.device
-        self.idx = torch.nonzero(flat).squeeze(1)  # NaN/Inf are nonzero, so checking these suffices
-        raw = flat[self.idx]
-        if self.is_float:
-            self.raw = raw.to(torch.float64)
-            _fixedpoint.check_finite(self.raw)
-            self.local_exponents = _fixedpoint.block_exponents(self.idx, self.raw, self.numel, cfg.block_size)
-        else:
-            self.raw = raw
-            self.local_exponents = None
-        self.exponents: torch.Tensor | None = None
-        self.grid: torch.Tensor | None = None  # (nnz, L) int32
-
-    def exponent_streams(self) -> Round:
-        return [] if self.local_exponents is None else [Stream("exponents", CombineOp.MAX, self.local_exponents)]
-
-    def set_exponents(self, combined: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Consume the exponent stream (if any) from a round's results; quantise; return the rest."""
-        if self.is_float:
-            self.exponents, combined = combined[0], combined[1:]
-            q = _fixedpoint.quantize(self.idx, self.raw, self.exponents, self.cfg.block_size, self.world_size)
-            self.grid = q.unsqueeze(1)
-        else:
-            self.grid = _fixedpoint.to_limbs(self.raw, self.limbs)
-        return combined
-
-    def values_at(self, positions: torch.Tensor) -> torch.Tensor:
-        """(len(positions), L) int32 of this worker's grid values at sorted ``positions`` (0 if absent)."""
-        assert self.grid is not None
-        out = torch.zeros((positions.numel(), self.limbs), dtype=torch.int32, device=self.device)
-        if self.idx.numel() and positions.numel():
-            slot = torch.searchsorted(positions, self.idx)
-            slot_c = slot.clamp(max=positions.numel() - 1)
-            hit = positions[slot_c] == self.idx
-            out[slot_c[hit]] = self.grid[hit]
-        return out
-
-    def result(self, positions: torch.Tensor, sums: torch.Tensor, covers_local: bool = True) -> torch.Tensor:
-        """Flat result holding the combined ``sums`` (U, L) at ``positions``, zero elsewhere.
-
-        In place, only ``positions`` are written (O(U), no fill): every other element is already
-        zero in the input provided ``positions`` covers this worker's nonzeros (``covers_local``);
-        otherwise those are cleared first.
-        """
-        if self.target is not None:
-            out = self.target
-            if not covers_local:
-                out[self.idx] = 0
-        else:
-            out = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
-        if positions.numel():
-            if self.is_float:
-                assert self.exponents is not None
-                out[positions] = _fixedpoint.dequantize(
-                    positions, sums[:, 0], self.exponents, self.cfg.block_size, self.world_size, self.dtype
-                )
-            else:
-                out[positions] = _fixedpoint.from_limbs(sums, self.dtype)
-        return out
-
-
-def _round(streams: Round, stats: WorkerStats) -> Round:
-    streams = [s for s in streams if s.words.numel()]
-    for s in streams:
-        stats.bytes_per_stream[s.name] += 4 * s.words.numel()
-    stats.rounds += 1 if streams else 0
-    return streams
-
-
-def _exchange(streams: Round, stats: WorkerStats) -> Generator[Round, list[torch.Tensor], list[torch.Tensor]]:
-    """Yield the non-empty streams as one round; return results aligned with ``streams``."""
-    sent = _round(streams, stats)
-    combined = (yield sent) if sent else []
-    if len(combined) != len(sent):
-        raise ProtocolError(f"switch returned {len(combined)} streams for a round of {len(sent)}")
-    it = iter(combined)
-    return [next(it) if s.words.numel() else s.words.clone() for s in streams]
-
-
-def protocol(tensor: torch.Tensor, world_size: int, scheme: str, cfg: CodecConfig, stats: WorkerStats, inplace: bool = False) -> Protocol:
+def protocol(
+    tensor: torch.Tensor,
+    world_size: int,
+    scheme: str,
+    cfg: CodecConfig,
+    stats: WorkerStats,
+    inplace: bool = False,
+    history: History | None = None,
+    key: Hashable = None,
+) -> Protocol:
     """The worker-side protocol; returns the flat result.  decode(sum of encodings) == exact sum.
 
     With ``inplace`` the result is written into ``tensor`` when it is contiguous (the returned flat
-    tensor is then a view of it).
+    tensor is then a view of it).  With ``history``, the call reuses what the previous call under
+    the same ``key`` (and numel, dtype, world size, block size) agreed, and records its own.
     """
     check_scheme(scheme)
-    w = _Worker(tensor, world_size, cfg, inplace)
+    w = Worker(tensor, world_size, cfg, inplace)
+    slot = (key, w.numel, w.dtype, world_size, cfg.block_size)
+    prior = history.get(slot) if history is not None else None
+    if prior is None:
+        flat = yield from _first_call(w, scheme, stats)
+    else:
+        flat = yield from _steady(w, scheme, stats, prior)
+    if history is not None:
+        history.put(slot, Agreed(w.exponents, w.union))
+    return flat
+
+
+def _first_call(w: Worker, scheme: str, stats: WorkerStats) -> Protocol:
     if scheme == "dense":
+        w.set_exponents((yield from exchange(w.exponent_streams(), stats)))
         return (yield from _dense(w, stats))
     if scheme == "compact":
         return (yield from _compact(w, stats))
-    return (yield from _sketch_or_auto(w, scheme, stats))
+    # sketch / auto: a first round agrees exponents and estimates the union (HyperLogLog)
+    if scheme == "sketch" and w.cfg.sketch_cells is not None and not w.is_float:
+        w.quantize(None)  # statically sized integer sketch: a single round
+        return (yield from _sketch_round(w, stats, 0.0))
+    combined = yield from exchange(w.exponent_streams() + _union_stats(w), stats)
+    hll, nnz_max, nnz_sum = w.set_exponents(combined)
+    upper = min(w.numel, int(nnz_sum[0]) + (int(nnz_sum[1]) << 16))
+    estimate = min(max(hll_estimate(hll), float(nnz_max[0])), float(upper))
+    if scheme == "auto":
+        scheme = choose(w.numel, estimate, w.limbs, w.cfg)
+        if scheme == "dense":
+            return (yield from _dense(w, stats))
+        if scheme == "compact":
+            return (yield from _compact(w, stats, exponents_done=True))
+    return (yield from _sketch_round(w, stats, estimate))
 
 
-def _dense(w: _Worker, stats: WorkerStats, exponents_done: bool = False) -> Protocol:
+def _steady(w: Worker, scheme: str, stats: WorkerStats, prior: Agreed) -> Protocol:
+    if scheme == "auto":
+        scheme = choose(w.numel, float(prior.union), w.limbs, w.cfg)
+    if scheme == "compact":
+        return (yield from _compact(w, stats))
+    guess = prior.exponents if w.is_float else None
+    if guess is not None and guess.numel() != w.blocks:  # pragma: no cover - the key includes numel
+        guess = None
+    if w.is_float and guess is None:
+        return (yield from _first_call(w, scheme, stats))
+    w.quantize(guess)
+    if scheme == "dense":
+        return (yield from _dense(w, stats, guess))
+    return (yield from _sketch_round(w, stats, float(prior.union), guess))
+
+
+def _dense(w: Worker, stats: WorkerStats, guess: torch.Tensor | None = None) -> Protocol:
+    """Values of every element (grid already quantised: agreed exponents, or ``guess``)."""
     stats.schemes["dense"] += 1
-    if not exponents_done:
-        w.set_exponents((yield from _exchange(w.exponent_streams(), stats)))
-    assert w.grid is not None
-    values = torch.zeros((w.numel, w.limbs), dtype=torch.int32, device=w.device)
-    values[w.idx] = w.grid
-    (sums,) = yield from _exchange([Stream("values", CombineOp.ADD, values.reshape(-1))], stats)
-    sums = sums.reshape(-1, w.limbs)
+    streams = w.exponent_streams() if guess is not None else []
+    streams.append(Stream("values", CombineOp.ADD, w.dense_values().reshape(-1)))
+    combined = yield from exchange(streams, stats)
+    sums = combined[-1].reshape(-1, w.limbs)
+    if guess is not None:
+        bad = w.settle(guess, combined[0])
+        if bool(bad.any()):
+            redo = w.block_positions(bad)
+            stats.redos += 1
+            stats.redone += redo.numel()
+            (fixed,) = yield from exchange([Stream("redo", CombineOp.ADD, w.values_at(redo).reshape(-1))], stats)
+            sums[redo] = fixed.reshape(-1, w.limbs)
     nonzero = torch.nonzero(sums.any(dim=1)).squeeze(1)
-    return w.result(nonzero, sums[nonzero], covers_local=False)
+    w.union = nonzero.numel()
+    return w.result(nonzero, sums.index_select(0, nonzero), covers_local=False)
 
 
-def _compact(w: _Worker, stats: WorkerStats, exponents_done: bool = False) -> Protocol:
+def _compact(w: Worker, stats: WorkerStats, exponents_done: bool = False) -> Protocol:
     stats.schemes["compact"] += 1
     streams = [] if exponents_done else w.exponent_streams()
     streams.append(Stream("bitmap", CombineOp.OR, _bitmap.pack_positions(w.idx, w.numel)))
-    combined = yield from _exchange(streams, stats)
+    combined = yield from exchange(streams, stats)
     if not exponents_done:
         combined = w.set_exponents(combined)
     union = _bitmap.unpack_positions(combined[0])
-    (sums,) = yield from _exchange([Stream("values", CombineOp.ADD, w.values_at(union).reshape(-1))], stats)
+    w.union = union.numel()
+    (sums,) = yield from exchange([Stream("values", CombineOp.ADD, w.values_at(union).reshape(-1))], stats)
     return w.result(union, sums.reshape(-1, w.limbs))
 
 
@@ -198,7 +184,7 @@ def _hll_size(numel: int, cfg: CodecConfig) -> int:
     return max(16, min(cfg.hll_registers, 1 << max(0, (numel // 32).bit_length() - 1)))
 
 
-def _union_stats(w: _Worker) -> Round:
+def _union_stats(w: Worker) -> Round:
     cfg = w.cfg
     nnz = w.idx.numel()
 
@@ -212,38 +198,35 @@ def _union_stats(w: _Worker) -> Round:
     ]
 
 
-def _sketch_or_auto(w: _Worker, scheme: str, stats: WorkerStats) -> Protocol:
-    cfg = w.cfg
-    if scheme == "sketch" and cfg.sketch_cells is not None and not w.is_float:
-        estimate = 0.0  # statically sized integer sketch: a single round
-    else:
-        combined = yield from _exchange(w.exponent_streams() + _union_stats(w), stats)
-        hll, nnz_max, nnz_sum = w.set_exponents(combined)
-        upper = min(w.numel, int(nnz_sum[0]) + (int(nnz_sum[1]) << 16))
-        estimate = min(max(hll_estimate(hll), float(nnz_max[0])), float(upper))
-        if scheme == "auto":
-            scheme = choose(w.numel, estimate, w.limbs, cfg)
-            if scheme == "dense":
-                return (yield from _dense(w, stats, exponents_done=True))
-            if scheme == "compact":
-                return (yield from _compact(w, stats, exponents_done=True))
-    if w.grid is None:
-        w.set_exponents([])
+def _sketch_round(w: Worker, stats: WorkerStats, estimate: float, guess: torch.Tensor | None = None) -> Protocol:
+    """Bitmap + count sketch (+ fresh exponents when quantised under ``guess``), then one repair
+    round for the unpeelable 2-core and the elements of blocks whose exponent moved, if any."""
     assert w.grid is not None
+    cfg = w.cfg
     stats.schemes["sketch"] += 1
     cells = cfg.sketch_cells or _sketch.sketch_cells(estimate, cfg.sketch_overhead)
     stats.sketch_cells = cells
-    bitmap, table = yield from _exchange(
-        [
-            Stream("bitmap", CombineOp.OR, _bitmap.pack_positions(w.idx, w.numel)),
-            Stream("sketch", CombineOp.ADD, _sketch.encode(w.idx, w.grid, cells, cfg.seed)),
-        ],
-        stats,
-    )
+    streams = w.exponent_streams() if guess is not None else []
+    streams += [
+        Stream("bitmap", CombineOp.OR, _bitmap.pack_positions(w.idx, w.numel)),
+        Stream("sketch", CombineOp.ADD, _sketch.encode(w.idx, w.grid, cells, cfg.seed)),
+    ]
+    combined = yield from exchange(streams, stats)
+    bitmap, table = combined[-2:]
     union = _bitmap.unpack_positions(bitmap)
+    w.union = union.numel()
     sums, core = _sketch.peel(union, table, w.limbs, cfg.seed)
+    redo = core
+    if guess is not None:
+        bad = w.settle(guess, combined[0])
+        if bool(bad.any()):
+            moved = torch.nonzero(bad.index_select(0, union // cfg.block_size)).squeeze(1)
+            stats.redos += 1
+            stats.redone += moved.numel()
+            redo = torch.unique(torch.cat([core, moved]))  # sorted
     if core.numel():
         stats.repaired += core.numel()
-        (fixed,) = yield from _exchange([Stream("repair", CombineOp.ADD, w.values_at(union[core]).reshape(-1))], stats)
-        sums[core] = fixed.reshape(-1, w.limbs)
+    if redo.numel():
+        (fixed,) = yield from exchange([Stream("repair", CombineOp.ADD, w.values_at(union[redo]).reshape(-1))], stats)
+        sums[redo] = fixed.reshape(-1, w.limbs)
     return w.result(union, sums)

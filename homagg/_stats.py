@@ -14,6 +14,9 @@ class WorkerStats:
 
     bytes_per_stream  payload bytes sent per stream name ("exponents", "bitmap", "values", ...)
     rounds            combine rounds (each costs one round trip through the switch)
+    calls             allreduces run (``rounds / calls`` is the mean rounds per allreduce)
+    redos             rounds spent redoing blocks whose exponent moved since the guessed (previous) call
+    redone            elements carried by those redo rounds
     repaired          elements recovered by the 2-core repair round (sketch)
     schemes           how many tensors each concrete scheme carried (auto resolves to one)
     sketch_cells      cells of the last sketch sent (0 if none)
@@ -21,6 +24,9 @@ class WorkerStats:
 
     bytes_per_stream: Counter[str] = field(default_factory=Counter)
     rounds: int = 0
+    calls: int = 0
+    redos: int = 0
+    redone: int = 0
     repaired: int = 0
     schemes: Counter[str] = field(default_factory=Counter)
     sketch_cells: int = 0

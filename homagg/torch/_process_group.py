@@ -84,6 +84,9 @@ class ProcessGroupHomagg(ProcessGroup):
         self._codec = homagg.CodecConfig.from_options(dict(config.codec))
         #: what this rank's codec allreduces sent: bytes per stream, rounds, redos (accumulates)
         self.stats = homagg.WorkerStats()
+        #: what earlier allreduces agreed (exponents, union sizes), keyed by numel and dtype: a
+        #: tensor of a size seen before (a DDP bucket) takes one round instead of two or three
+        self.history = homagg.History()
         self.config = config.capped(timeout.total_seconds())
         self._group_name = ""
         self._group_desc = ""
@@ -163,7 +166,8 @@ class ProcessGroupHomagg(ProcessGroup):
     def _codec_allreduce(self, tensors: list[torch.Tensor], op: Any) -> TaskResult:
         port = self.switch.port
         for t in tensors:
-            self._allreduce_fn(t, port, scheme=self.config.scheme, config=self._codec, inplace=True, stats=self.stats)
+            self._allreduce_fn(t, port, scheme=self.config.scheme, config=self._codec, inplace=True, stats=self.stats,
+                               history=self.history)
             if op == dist.ReduceOp.AVG:
                 t.div_(self.size())
         return tensors

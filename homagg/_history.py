@@ -1,0 +1,69 @@
+"""What earlier allreduces of a tensor agreed: the state that lets steady-state calls skip rounds.
+
+A call that finds an :class:`Agreed` entry for its key quantises with the *previous* call's agreed
+block exponents (a guess) and sends the fresh local exponents (MAX) in the same round as its
+values; it sizes a sketch from the previous call's exact union size.  Everything stored here comes
+from combined words (identical on every worker), so every worker makes the same decisions — the
+one requirement is that all workers use the same keys in the same call order, which collectives
+guarantee.
+
+Invariant (exactness): a guess never changes a result.  Blocks whose fresh agreed exponent differs
+from the guess (and is not empty) are redone with the fresh exponents in one more round, so the
+integer sums, and therefore the results, are bit-identical to those of a call without history.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import torch
+
+from ._errors import ConfigError
+
+__all__ = ["Agreed", "History"]
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """What one call agreed: block exponents (floats, else ``None``) and the union's size.
+
+    ``union`` is exact for compact/sketch (popcount of the combined bitmap) and the number of
+    nonzero sums for dense (a lower bound only when sums cancel to zero).
+    """
+
+    exponents: torch.Tensor | None
+    union: int
+
+
+class History:
+    """Per-key :class:`Agreed` of the latest call, least recently used keys dropped beyond ``max_keys``.
+
+    Keys are ``(key, numel, dtype, world_size, block_size)``: a caller-chosen role (``None`` for
+    "any tensor of this size and dtype", as a DDP bucket) plus what the stored state depends on.
+    """
+
+    def __init__(self, max_keys: int = 256) -> None:
+        if max_keys < 1:
+            raise ConfigError(f"max_keys must be >= 1, got {max_keys}")
+        self.max_keys = max_keys
+        self._entries: OrderedDict[Hashable, Agreed] = OrderedDict()
+
+    def get(self, key: Hashable) -> Agreed | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: Hashable, agreed: Agreed) -> None:
+        self._entries[key] = agreed
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_keys:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)

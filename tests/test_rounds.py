@@ -1,0 +1,161 @@
+"""Steady-state calls: fewer rounds with a History, never a different result.
+
+Oracle: the same inputs through the same in-process switch *without* history (every call agrees
+fresh exponents first), and the float64 sum within the documented bound.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import homagg
+from homagg.testing import check_within_bound, local_allreduce
+
+SCHEMES = ("dense", "sketch", "compact", "auto")
+
+
+class Workers:
+    """W workers in threads, each with its own History and WorkerStats kept across calls."""
+
+    def __init__(self, world: int, **options: object) -> None:
+        self.world = world
+        self.switch = homagg.InProcessSwitch(world, timeout=60)
+        self.histories = [homagg.History() for _ in range(world)]
+        self.options = options
+
+    def call(self, xs: list[torch.Tensor], scheme: str, key: object = None) -> tuple[list[torch.Tensor], list[homagg.WorkerStats]]:
+        outs: list[torch.Tensor | None] = [None] * self.world
+        stats = [homagg.WorkerStats() for _ in range(self.world)]
+        errors: list[BaseException] = []
+
+        def work(r: int) -> None:
+            try:
+                outs[r] = homagg.allreduce(xs[r], self.switch.port(r), scheme=scheme, stats=stats[r],
+                                           history=self.histories[r], key=key, **self.options)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+                self.switch.fail(exc)
+
+        threads = [threading.Thread(target=work, args=(r,)) for r in range(self.world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        if errors:
+            raise errors[0]
+        assert all(o is not None for o in outs)
+        return outs, stats  # type: ignore[return-value]
+
+
+def sparse(world: int, n: int, density: float, seed: int, scale: float = 1.0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    shared = torch.rand(n, generator=g) < density / 2
+    return [torch.where(shared | (torch.rand(n, generator=g) < density / 2), torch.randn(n, generator=g), 0.0) * scale
+            for _ in range(world)]
+
+
+def assert_same_as_fresh(outs: list[torch.Tensor], xs: list[torch.Tensor], scheme: str, **options: object) -> None:
+    want = local_allreduce(xs, scheme, **options)[0]
+    for o in outs:
+        assert torch.equal(o, want), "a call with history differs from the same call without"
+    check_within_bound(want, xs, block_size=int(options.get("block_size", 1024)))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("scheme,steady_rounds", [("dense", 1), ("sketch", 1), ("compact", 2), ("auto", 1)])
+def test_second_call_takes_fewer_rounds_and_equals_a_fresh_call(scheme: str, steady_rounds: int) -> None:
+    ws = Workers(4)
+    xs = sparse(4, 40000, 0.02, seed=1)
+    first, s1 = ws.call(xs, scheme)
+    assert_same_as_fresh(first, xs, scheme)
+    ys = [x * 1.01 for x in xs]  # same support, slightly different values: exponents mostly unchanged
+    second, s2 = ws.call(ys, scheme)
+    assert_same_as_fresh(second, ys, scheme)
+    assert s1[0].rounds >= 2
+    assert s2[0].rounds <= steady_rounds + (1 if s2[0].redos or s2[0].repaired else 0)
+    same = ws.call(ys, scheme)[1]  # identical input: nothing moves, no redo
+    assert same[0].rounds == steady_rounds and same[0].redos == 0
+    assert all(s.rounds == same[0].rounds for s in same)  # every worker took the same path
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_jump_by_two_to_the_twenty_redoes_and_stays_exact(scheme: str) -> None:
+    ws = Workers(3)
+    xs = sparse(3, 20000, 0.05, seed=2)
+    ws.call(xs, scheme)
+    for scale in (2.0**20, 2.0**-20, 1.0):
+        ys = [x * scale for x in xs]
+        outs, stats = ws.call(ys, scheme)
+        assert_same_as_fresh(outs, ys, scheme)
+        if scheme in ("dense", "sketch"):
+            assert stats[0].redos == 1 and stats[0].redone > 0 and stats[0].rounds == 2
+
+
+def test_redo_carries_only_the_blocks_that_moved() -> None:
+    ws = Workers(2, block_size=100)
+    xs = [torch.randn(10000), torch.randn(10000)]
+    ws.call(xs, "dense")
+    ys = [x.clone() for x in xs]
+    ys[1][250] = 1e6  # block 2 only
+    outs, stats = ws.call(ys, "dense")
+    assert stats[0].redone == 100 and stats[0].bytes_per_stream["redo"] == 400
+    assert_same_as_fresh(outs, ys, "dense", block_size=100)
+
+
+def test_support_moves_between_calls() -> None:
+    """Blocks empty in the guess fill up and others empty out: redone where needed, exact."""
+    ws = Workers(3)
+    for seed in range(4):
+        xs = sparse(3, 30000, 0.002, seed=10 + seed)
+        outs, _ = ws.call(xs, "sketch")
+        assert_same_as_fresh(outs, xs, "sketch")
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("scheme,rounds", [("dense", 1), ("sketch", 1), ("compact", 2)])
+def test_integers_in_steady_state(dtype: torch.dtype, scheme: str, rounds: int) -> None:
+    ws = Workers(3)
+    xs = [(x * 1000).to(dtype) for x in sparse(3, 10000, 0.05, seed=3)]
+    ws.call(xs, scheme)
+    outs, stats = ws.call(xs, scheme)
+    assert torch.equal(outs[0], sum(xs, torch.zeros_like(xs[0])))
+    assert stats[0].rounds == rounds
+
+
+def test_keys_separate_tensors_of_equal_size() -> None:
+    ws = Workers(2)
+    small = sparse(2, 5000, 0.1, seed=4)
+    big = [x * 2.0**30 for x in sparse(2, 5000, 0.1, seed=5)]
+    for _ in range(2):
+        a = ws.call(small, "dense", key="a")[1]
+        b = ws.call(big, "dense", key="b")[1]
+    assert a[0].redos == 0 and b[0].redos == 0 and a[0].rounds == 1 and b[0].rounds == 1
+
+
+def test_history_is_bounded() -> None:
+    h = homagg.History(max_keys=2)
+    ws = Workers(1)
+    ws.histories = [h]
+    for n in (10, 20, 30):
+        ws.call([torch.ones(n)], "dense")
+    assert len(h) == 2
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    world=st.integers(1, 4),
+    scales=st.lists(st.integers(-40, 40), min_size=2, max_size=4),
+    density=st.sampled_from([0.0, 0.01, 0.2, 1.0]),
+    scheme=st.sampled_from(SCHEMES),
+    seed=st.integers(0, 2**20),
+)
+def test_property_history_never_changes_a_result(world: int, scales: list[int], density: float, scheme: str, seed: int) -> None:
+    ws = Workers(world, block_size=64)
+    for k, e in enumerate(scales):
+        xs = [x * 2.0**e for x in sparse(world, 700, density, seed=seed + k)]
+        outs, _ = ws.call(xs, scheme)
+        assert_same_as_fresh(outs, xs, scheme, block_size=64)

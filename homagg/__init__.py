@@ -45,9 +45,9 @@ _LAZY = {
     "History": "._history",
     "WorkerStats": "._stats",
     "CombineOp": ".wire",
-    "Stream": "._switch",
-    "SwitchPort": "._switch",
-    "InProcessSwitch": "._switch",
+    "Stream": ".transport",
+    "SwitchPort": ".transport",
+    "InProcessSwitch": ".transport",
 }
 
 __all__ = [

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -11,6 +13,9 @@ import torch.distributed as dist
 import homagg
 from homagg.torch import BackendConfig, is_registered, register
 from homagg.torch._config import parse_host_port
+
+sys.path.insert(0, str(Path(__file__).parent / "_dist_scripts"))
+from _launch import entry_point_site  # noqa: E402
 
 
 def test_defaults() -> None:
@@ -71,14 +76,24 @@ def test_register_is_idempotent() -> None:
     assert dist.Backend.backend_capability["homagg"] == ["cpu", "cuda"]
 
 
-def test_autoload_entry_point_during_import_torch() -> None:
-    """The entry point runs while ``import torch`` is still executing: no circular import."""
-    code = (
-        "import sys, torch\n"
-        "import homagg._autoload as a\n"
-        "a.autoload(); a.autoload()\n"
-        "import torch.distributed as dist\n"
-        "assert 'HOMAGG' in dist.Backend._plugins\n"
-        "assert 'homagg._protocol' not in sys.modules or True\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+_PROBE = (
+    "import sys, torch\n"
+    "import torch.distributed as dist\n"
+    "during_import = 'HOMAGG' in dist.Backend._plugins and 'homagg._autoload' in sys.modules\n"
+    "import homagg._autoload as a\n"
+    "a.autoload(); a.autoload()\n"
+    "print(during_import, 'HOMAGG' in dist.Backend._plugins, dist.is_backend_available('homagg'))\n"
+)
+
+
+@pytest.mark.parametrize("autoload", ["1", "0"])
+def test_autoload_entry_point_during_import_torch(tmp_path: Path, autoload: str) -> None:
+    """``import torch`` alone registers the backend through the entry point (no circular import:
+    it runs while torch is still importing); with ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` it does not,
+    and calling the entry point (twice: idempotent) registers it."""
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD=autoload)
+    env["PYTHONPATH"] = os.pathsep.join([str(entry_point_site(tmp_path)), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    during_import = "True" if autoload == "1" else "False"
+    assert r.stdout.split() == [during_import, "True", "True"], r.stdout + r.stderr[-3000:]

@@ -8,6 +8,7 @@ the ranks still running, with the tail of their output.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -23,7 +24,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent
 
-__all__ = ["free_port", "launch", "write_result", "run_checks", "RankFailure", "REPO", "SCRIPTS"]
+__all__ = ["free_port", "launch", "write_result", "run_checks", "RankFailure", "REPO", "SCRIPTS",
+           "tensor_to_json", "tensor_from_json", "make_input", "entry_point_site"]
 
 
 class RankFailure(AssertionError):
@@ -108,3 +110,42 @@ def run_checks(checks: Sequence[tuple[str, Callable[[], Any]]]) -> dict[str, Any
         except Exception:  # noqa: BLE001 - reported to the test, which fails on it
             results[name] = "FAILED\n" + traceback.format_exc()
     return results
+
+
+def tensor_to_json(t: Any) -> dict[str, Any]:
+    """A tensor as JSON (dtype, shape, raw bytes in base64): :func:`tensor_from_json` gives it back bit for bit."""
+    import torch
+
+    t = t.detach().cpu().contiguous()
+    raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": base64.b64encode(raw).decode()}
+
+
+def tensor_from_json(d: Mapping[str, Any]) -> Any:
+    """Inverse of :func:`tensor_to_json`."""
+    import torch
+
+    raw = bytearray(base64.b64decode(d["data"]))
+    dtype = getattr(torch, d["dtype"])
+    flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    return flat.view(dtype).reshape(d["shape"])
+
+
+def make_input(rank: int, spec: Mapping[str, Any]) -> Any:
+    """Rank ``rank``'s input described by ``spec`` (``homagg.testing.sparse_tensor`` keyword arguments,
+    ``dtype`` as a name): rank scripts return the spec, tests rebuild every rank's input from it."""
+    import torch
+
+    from homagg.testing import sparse_tensor
+
+    kw = dict(spec)
+    return sparse_tensor(rank, tuple(kw.pop("shape")), kw.pop("density"), dtype=getattr(torch, kw.pop("dtype")), **kw)
+
+
+def entry_point_site(folder: Path) -> Path:
+    """A site dir declaring homagg's ``torch.backends`` entry point, as an installed wheel does."""
+    info = folder / "homagg_entrypoint_test-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: homagg-entrypoint-test\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\nhomagg = homagg._autoload:autoload\n")
+    return folder

@@ -1,4 +1,11 @@
-"""DDP over the ``homagg`` group: training equals gloo's, hooks, failures, torchrun entry point."""
+"""DDP over the ``homagg`` group: training equals the in-process replay and gloo's, hooks, failures,
+torchrun entry point.
+
+The rank script (``tests/_dist_scripts/ddp.py``) returns its final parameters; the oracle is
+computed here: ``_ddp_model.reference`` replays the same steps in one process (DDP averages
+gradients, so the parameters must match the mean-loss training of one model).  Lossy comm hooks
+(PowerSGD, fp16) have no such replay: for them gloo's training with the same hook is the oracle.
+"""
 
 from __future__ import annotations
 
@@ -10,33 +17,51 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "_dist_scripts"))
-from _launch import REPO, SCRIPTS, free_port, launch  # noqa: E402
+from _ddp_model import SCENARIOS, reference  # noqa: E402
+from _launch import REPO, SCRIPTS, entry_point_site, free_port, launch, tensor_from_json  # noqa: E402
 
-SCENARIOS = ["basic", "sparse_embedding", "find_unused", "no_sync", "static_graph", "batchnorm",
-             "powersgd_hook", "fp16_hook", "homagg_comm_hook"]
+FOUR_RANKS = ["basic", "find_unused", "powersgd_hook"]
+REPLAY_TOL = 1e-5  # fixed point + float summation order, over 5 SGD steps
 _cache: dict[int, list[dict[str, Any]]] = {}
 
 
 def ddp_results(world: int) -> list[dict[str, Any]]:
     if world not in _cache:
-        args = SCENARIOS if world == 2 else ["basic", "find_unused", "powersgd_hook"]
+        args = list(SCENARIOS) if world == 2 else FOUR_RANKS
         _cache[world] = launch("ddp.py", world, args=args, timeout=300)[0]
     return _cache[world]
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_ddp_two_ranks_matches_gloo(scenario: str) -> None:
-    for rank, res in enumerate(ddp_results(2)):
-        value = res[scenario]
+def check_scenario(world: int, scenario: str) -> None:
+    per_rank = [res[scenario] for res in ddp_results(world)]
+    for rank, value in enumerate(per_rank):
         assert isinstance(value, dict), f"rank {rank}: {value}"
+    mine = [tensor_from_json(v["homagg"]["params"]) for v in per_rank]
+    theirs = [tensor_from_json(v["gloo"]["params"]) for v in per_rank]
+    for rank, (m, t) in enumerate(zip(mine, theirs)):
+        assert torch.equal(m, mine[0]), f"rank {rank}: parameters differ across ranks"
+        err = float((m - t).abs().max())
+        assert err <= SCENARIOS[scenario].get("tol", 1e-5), f"rank {rank}: max |homagg - gloo| = {err}"
+        bm, bt = (tensor_from_json(per_rank[rank][side]["buffers"]) for side in ("homagg", "gloo"))
+        assert bm.shape == bt.shape and bool(((bm - bt).abs() <= 1e-4).all()), f"rank {rank}: buffers"
+    if SCENARIOS[scenario].get("exact", True):
+        want = reference(world, scenario)
+        err = float((mine[0] - want).abs().max())
+        assert err <= REPLAY_TOL, f"max |homagg - one-process replay| = {err}"
+        assert float((theirs[0] - want).abs().max()) <= REPLAY_TOL, "gloo disagrees with the replay"
 
 
-@pytest.mark.parametrize("scenario", ["basic", "find_unused", "powersgd_hook"])
-def test_ddp_four_ranks_matches_gloo(scenario: str) -> None:
-    for rank, res in enumerate(ddp_results(4)):
-        assert isinstance(res[scenario], dict), f"rank {rank}: {res[scenario]}"
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_ddp_two_ranks_matches_replay_and_gloo(scenario: str) -> None:
+    check_scenario(2, scenario)
+
+
+@pytest.mark.parametrize("scenario", FOUR_RANKS)
+def test_ddp_four_ranks_matches_replay_and_gloo(scenario: str) -> None:
+    check_scenario(4, scenario)
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -60,17 +85,8 @@ def test_switch_failure_surfaces_typed_from_backward() -> None:
         assert "terminate called" not in out and "Aborted" not in out
 
 
-def _entry_point_dir(tmp_path: Path) -> Path:
-    """A site dir declaring homagg's ``torch.backends`` entry point, as an installed wheel does."""
-    info = tmp_path / "homagg_entrypoint_test-0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: homagg-entrypoint-test\nVersion: 0.0\n")
-    (info / "entry_points.txt").write_text("[torch.backends]\nhomagg = homagg._autoload:autoload\n")
-    return tmp_path
-
-
 def test_unmodified_torchrun_script_uses_entry_point(tmp_path: Path) -> None:
-    site = _entry_point_dir(tmp_path)
+    site = entry_point_site(tmp_path)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(site), env.get("PYTHONPATH", "")])
     env.pop("HOMAGG_SWITCH", None)

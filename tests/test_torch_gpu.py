@@ -1,4 +1,9 @@
-"""CUDA tensors through the homagg backend: encoded on the device, results land in place."""
+"""CUDA tensors through the homagg backend: encoded on the device, results land in place.
+
+The rank script (``tests/_dist_scripts/gpu.py``) returns its results; the oracles are computed
+here: the exact sum and README's error bound for the allreduce, the one-process replay of the
+training (``_ddp_model.reference``, on the CPU) for DDP.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,29 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from homagg.testing import check_within_bound
 
 sys.path.insert(0, str(Path(__file__).parent / "_dist_scripts"))
-from _launch import launch  # noqa: E402
+from _ddp_model import reference  # noqa: E402
+from _launch import launch, make_input, tensor_from_json  # noqa: E402
+
+WORLD = 2
 
 
 @pytest.mark.gpu
 def test_cuda_allreduce_and_ddp() -> None:
-    results, _ = launch("gpu.py", 2, timeout=240)
+    results, _ = launch("gpu.py", WORLD, timeout=240)
     for rank, res in enumerate(results):
         for name, value in res.items():
-            assert not (isinstance(value, str) and value.startswith("FAILED")), f"rank {rank} {name}: {value}"
+            assert isinstance(value, dict), f"rank {rank} {name}: {value}"
+    want_params = reference(WORLD, "basic")
+    for rank, res in enumerate(results):
+        got = res["allreduce_cuda"]
+        assert got["device"] == got["expected_device"] and got["in_place"], got
+        inputs = [make_input(r, got["input"]) for r in range(WORLD)]
+        check_within_bound(tensor_from_json(got["result"]), inputs)
+        params = tensor_from_json(res["ddp_cuda"]["params"])
+        err = float((params - want_params).abs().max())
+        assert err <= 1e-5, f"rank {rank}: max |CUDA DDP - one-process replay| = {err}"

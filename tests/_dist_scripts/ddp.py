@@ -1,9 +1,10 @@
-"""Rank script: DDP training on the homagg group vs the same training on a gloo group.
+"""Rank script: DDP training on the homagg group and the same training on a gloo group.
 
-Model: ``nn.Embedding`` + MLP (sparse gradients: few embedding rows are touched per step).  For
-each scenario two replicas start from the same seed, one wrapped in DDP over the default
-``homagg`` group, one over a gloo group; after several steps the homagg parameters must be
-bit-identical across ranks and within ``tol`` of gloo's.  Scenarios are picked by argv.
+Model, data, scenarios and loop come from ``_ddp_model`` (the test replays them in one process
+as the oracle).  For each scenario (picked by argv) two replicas start from the same seed, one
+wrapped in DDP over the default ``homagg`` group (or, for ``homagg_comm_hook``, over gloo with
+homagg's comm hook), one over a gloo group; the rank returns both final parameter vectors and the
+test judges them.
 """
 
 from __future__ import annotations
@@ -23,76 +24,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import homagg.torch.hooks as hh
-from _launch import run_checks, write_result
+from _ddp_model import SCENARIOS, Net, batch, run_steps
+from _launch import run_checks, tensor_to_json, write_result
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-STEPS = 5
 torch.set_num_threads(1)
 (torch.randn(8, 8, requires_grad=True) @ torch.randn(8, 8)).sum().backward()  # warm torch's pools
 TASKS_BEFORE = len(os.listdir("/proc/self/task"))
 dist.init_process_group("homagg")
 GLOO = dist.new_group(backend="gloo")
-
-
-class Net(nn.Module):
-    def __init__(self, sparse: bool = False, bn: bool = False, unused: bool = False) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(2000, 16, sparse=sparse)
-        self.mlp = nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64) if bn else nn.Identity(), nn.ReLU(), nn.Linear(64, 4))
-        self.unused = nn.Linear(4, 4) if unused else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.emb(x).flatten(1))
-
-
-def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 * step + RANK)
-    return torch.randint(0, 2000, (16, 4), generator=g), torch.randn(16, 4, generator=g)
-
-
-def train(group: dist.ProcessGroup | None, *, model_kw: dict, ddp_kw: dict, hook: Callable | None = None,
-          no_sync: bool = False) -> tuple[torch.Tensor, int]:
-    torch.manual_seed(7)
-    model = Net(**model_kw)
-    ddp = DDP(model, process_group=group, **ddp_kw)
-    if hook is not None:
-        hook(ddp, group)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    for step in range(STEPS):
-        x, y = batch(step)
-        loss = nn.functional.mse_loss(ddp(x), y)
-        if no_sync and step % 2 == 0:
-            with ddp.no_sync():
-                loss.backward()
-            continue
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    params = torch.cat([p.detach().flatten() for p in model.parameters()])
-    buffers = [b.detach().flatten().float() for b in model.buffers()]
-    return torch.cat([params, *buffers]), params.numel()
-
-
-def compare(mine: tuple[torch.Tensor, int], theirs: tuple[torch.Tensor, int], tol: float) -> dict:
-    """Parameters bit-identical across ranks (buffers such as BatchNorm statistics are per rank)."""
-    (mine, n_params), (theirs, _) = mine, theirs
-    params = mine[:n_params].contiguous()
-    everyone = [torch.empty_like(params) for _ in range(WORLD)]
-    dist.all_gather(everyone, params, group=GLOO)
-    assert all(torch.equal(everyone[0], e) for e in everyone), "parameters differ across ranks"
-    err = float((mine - theirs).abs().max())
-    assert err <= tol, f"max |homagg - gloo| = {err} > {tol}"
-    return {"max_err": err}
-
-
-def scenario(model_kw: dict | None = None, ddp_kw: dict | None = None, hook_h: Callable | None = None,
-             hook_g: Callable | None = None, tol: float = 1e-5, no_sync: bool = False, homagg_group: bool = True):
-    def run() -> dict:
-        kw = dict(model_kw=model_kw or {}, ddp_kw=ddp_kw or {}, no_sync=no_sync)
-        mine = train(None if homagg_group else GLOO, hook=hook_h, **kw)
-        theirs = train(GLOO, hook=hook_g, **kw)
-        return compare(mine, theirs, tol)
-    return run
 
 
 def powersgd_hook(ddp: DDP, group: dist.ProcessGroup | None) -> None:
@@ -109,19 +49,40 @@ def homagg_hook(ddp: DDP, group: dist.ProcessGroup | None) -> None:
     ddp.register_comm_hook(hh.State(process_group=GLOO, scheme="auto"), hh.allreduce_hook)
 
 
-SCENARIOS = {
-    "basic": scenario(),
-    "sparse_embedding": scenario(model_kw={"sparse": True}),
-    "find_unused": scenario(model_kw={"unused": True}, ddp_kw={"find_unused_parameters": True}),
-    "no_sync": scenario(no_sync=True),
-    "static_graph": scenario(ddp_kw={"static_graph": True}),
-    "batchnorm": scenario(model_kw={"bn": True}),
-    "powersgd_hook": scenario(hook_h=powersgd_hook, hook_g=powersgd_hook, tol=1e-4),
-    "fp16_hook": scenario(hook_h=fp16_hook, hook_g=fp16_hook, tol=2e-3),
-    "homagg_comm_hook": scenario(hook_h=homagg_hook, homagg_group=False),
+HOOKS: dict[str, tuple[Callable | None, Callable | None]] = {  # name -> (hook on the homagg side, on gloo's)
+    "powersgd": (powersgd_hook, powersgd_hook), "fp16": (fp16_hook, fp16_hook), "homagg": (homagg_hook, None),
 }
+
+
+def train(group: dist.ProcessGroup | None, hook: Callable | None, sc: dict) -> dict:
+    """Final parameters and buffers (flat, as JSON) of one replica trained with DDP over ``group``."""
+    torch.manual_seed(7)
+    ddp = DDP(Net(**sc.get("model_kw", {})), process_group=group, **sc.get("ddp_kw", {}))
+    if hook is not None:
+        hook(ddp, group)
+
+    def loss_at(step: int) -> torch.Tensor:
+        x, y = batch(step, RANK)
+        return nn.functional.mse_loss(ddp(x), y)
+
+    params = run_steps(ddp, loss_at, ddp.no_sync if sc.get("no_sync") else None)
+    buffers = torch.cat([torch.zeros(0), *(b.detach().flatten().float() for b in ddp.module.buffers())])
+    return {"params": tensor_to_json(params), "buffers": tensor_to_json(buffers)}
+
+
+def scenario(name: str) -> Callable[[], dict]:
+    sc = SCENARIOS[name]
+    hook_h, hook_g = HOOKS.get(sc.get("hook", ""), (None, None))
+
+    def run() -> dict:
+        mine = train(None if sc.get("homagg_group", True) else GLOO, hook_h, sc)
+        theirs = train(GLOO, hook_g, sc)
+        return {"homagg": mine, "gloo": theirs}
+    return run
+
+
 names = sys.argv[1:] or list(SCENARIOS)
-results = run_checks([(n, SCENARIOS[n]) for n in names])
+results = run_checks([(n, scenario(n)) for n in names])
 dist.destroy_process_group()
 del GLOO
 gc.collect()

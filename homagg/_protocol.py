@@ -30,7 +30,8 @@ def allreduce(
 ) -> torch.Tensor:
     """Exact homomorphic SUM of ``tensor`` over the workers behind ``port``.
 
-    Returns a new tensor of the same shape, dtype and device.  Floats are summed on the agreed
+    Returns a new tensor of the same shape, dtype and device (for a sparse COO input, a coalesced
+    COO tensor of the same layout; its nonzeros travel, never a dense copy).  Floats are summed on the agreed
     fixed-point grid (error bound in :mod:`homagg._fixedpoint`); integers exactly.  Every scheme
     gives bit-identical results.  ``options`` are :class:`CodecConfig` fields (or pass ``config``).
     Raises :class:`NonFiniteError` before sending anything if the input holds NaN/Inf.
@@ -50,6 +51,8 @@ def allreduce(
             streams = gen.send(port.combine(streams))
     except StopIteration as done:
         flat: torch.Tensor = done.value
+    if tensor.layout == torch.sparse_coo:  # a coalesced COO result of the input's layout
+        return tensor.copy_(flat) if inplace else flat
     if inplace:
         if flat.data_ptr() != tensor.data_ptr():
             tensor.copy_(flat.reshape(tensor.shape))

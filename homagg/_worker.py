@@ -12,7 +12,7 @@ from collections.abc import Generator
 
 import torch
 
-from . import _fixedpoint
+from . import _fixedpoint, _sparse
 from ._config import CodecConfig
 from ._errors import ProtocolError
 from ._stats import WorkerStats
@@ -34,18 +34,27 @@ class Worker:
     """
 
     def __init__(self, tensor: torch.Tensor, world_size: int, cfg: CodecConfig, inplace: bool = False) -> None:
+        """A dense (strided) tensor, or a sparse COO one (whose result is then a COO tensor too)."""
+        self.like: torch.Tensor | None = None  # the sparse input whose layout the result takes
+        if tensor.layout == torch.sparse_coo:
+            self.like = tensor
+            idx, raw = _sparse.flat_nonzeros(tensor)
+            self.target = None
+        else:
+            flat = tensor.detach().reshape(-1)
+            # In place: the result overwrites the input, whose zeros outside the union already hold.
+            contiguous = inplace and flat.data_ptr() == tensor.data_ptr() and tensor.is_contiguous()
+            self.target = flat if contiguous else None
+            idx = torch.nonzero(flat).squeeze(1)  # NaN/Inf are nonzero, so checking these suffices
+            raw = flat[idx]
         self.cfg = cfg
         self.world_size = world_size
         self.dtype = tensor.dtype
         self.is_float = _fixedpoint.is_float_dtype(tensor.dtype)
         self.limbs = _fixedpoint.limb_count(tensor.dtype)
-        flat = tensor.detach().reshape(-1)
-        # In place: the result overwrites the input, whose zeros outside the union already hold.
-        self.target = flat if inplace and flat.data_ptr() == tensor.data_ptr() and tensor.is_contiguous() else None
-        self.numel = flat.numel()
-        self.device = flat.device
-        self.idx = torch.nonzero(flat).squeeze(1)  # NaN/Inf are nonzero, so checking these suffices
-        raw = flat[self.idx]
+        self.numel = tensor.numel()
+        self.device = tensor.device
+        self.idx = idx
         if self.is_float:
             self.raw = raw.to(torch.float64)
             _fixedpoint.check_finite(self.raw)
@@ -120,13 +129,25 @@ class Worker:
         pos = (starts.unsqueeze(1) + torch.arange(b, device=self.device)).reshape(-1)
         return pos[pos < self.numel]
 
+    def decode(self, positions: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+        """Values of this call's dtype from the combined ``sums`` (U, L) at ``positions``."""
+        if self.is_float:
+            assert self.exponents is not None
+            return _fixedpoint.dequantize(positions, sums[:, 0], self.exponents, self.cfg.block_size,
+                                          self.world_size, self.dtype)
+        return _fixedpoint.from_limbs(sums, self.dtype)
+
     def result(self, positions: torch.Tensor, sums: torch.Tensor, covers_local: bool = True) -> torch.Tensor:
         """Flat result holding the combined ``sums`` (U, L) at ``positions``, zero elsewhere.
 
         In place, only ``positions`` are written (O(U), no fill): every other element is already
         zero in the input provided ``positions`` covers this worker's nonzeros (``covers_local``);
-        otherwise those are cleared first.
+        otherwise those are cleared first.  For a sparse input, a coalesced COO tensor of its layout.
         """
+        if self.like is not None:
+            values = self.decode(positions, sums)
+            keep = torch.nonzero(values).squeeze(1)
+            return _sparse.to_coo(positions.index_select(0, keep), values.index_select(0, keep), self.like)
         if self.target is not None:
             out = self.target
             if not covers_local:
@@ -134,13 +155,7 @@ class Worker:
         else:
             out = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
         if positions.numel():
-            if self.is_float:
-                assert self.exponents is not None
-                out[positions] = _fixedpoint.dequantize(
-                    positions, sums[:, 0], self.exponents, self.cfg.block_size, self.world_size, self.dtype
-                )
-            else:
-                out[positions] = _fixedpoint.from_limbs(sums, self.dtype)
+            out[positions] = self.decode(positions, sums)
         return out
 
 

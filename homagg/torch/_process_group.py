@@ -1,9 +1,11 @@
 """``ProcessGroupHomagg``: the ``torch.distributed`` process group named ``homagg``.
 
-A thin adapter.  Float SUM/AVG and int32/int64 SUM allreduces of dense tensors go through the homagg
-codec (:func:`homagg.allreduce`) and the group's switch port; broadcast, allgather,
-``all_gather_single`` (``all_gather_into_tensor``), barrier and every allreduce the codec does not
-take (MAX/MIN/PRODUCT/BAND..., sparse tensors, other dtypes) run on a private gloo group.  All of
+A thin adapter.  Float SUM/AVG and int32/int64 SUM allreduces of dense and sparse COO tensors go
+through the homagg codec (:func:`homagg.allreduce`) and the group's switch port (a sparse result
+is a coalesced COO tensor copied into the input, as gloo does: DDP's ``sparse=True`` embedding
+gradients take this path); broadcast, allgather, ``all_gather_single``
+(``all_gather_into_tensor``), barrier and every allreduce the codec does not take
+(MAX/MIN/PRODUCT/BAND..., other dtypes and layouts) run on a private gloo group.  All of
 these run on the group's :class:`~homagg.torch._work.FifoWorker`, in call order on every rank.
 Every other op (reduce, gather, scatter, all_to_all, send/recv, reduce_scatter, coalesced and
 functional collectives) is routed by torch's dispatcher to a *second* gloo group registered as the
@@ -154,7 +156,7 @@ class ProcessGroupHomagg(ProcessGroup):
         if not (op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG):
             return False
         for t in tensors:
-            if t.layout != torch.strided:
+            if t.layout not in (torch.strided, torch.sparse_coo):
                 return False
             if t.dtype in CODEC_INT_DTYPES:
                 if op != dist.ReduceOp.SUM:

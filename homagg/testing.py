@@ -33,7 +33,7 @@ import torch
 from ._errors import InputError
 from ._protocol import allreduce
 from ._stats import WorkerStats
-from ._switch import InProcessSwitch
+from .transport import InProcessSwitch
 from ._testing_oracle import (
     BoundExceededError,
     HarnessError,

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from homagg.transport.control import ControlClient, parse_addr
+from homagg.transport import ControlClient, parse_addr
 from homagg.wire import HOMAGG_UDP_PORT
 
 __all__ = ["configure_parser", "run"]
@@ -29,6 +29,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--status", action="store_true", help="print the status of the switch at --control and exit")
     p.add_argument("--ready-json", action="store_true", help="print one JSON line with the bound addresses when ready")
     p.add_argument("--quiet", action="store_true", help="no banner")
+    p.add_argument("--watch-stdin", action="store_true",
+                   help="stop when stdin reaches EOF (the parent process that holds the pipe is gone)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
+    if args.watch_stdin:  # the embedded default: no orphan emulator after its owner crashed
+        threading.Thread(target=_stop_at_eof, args=(backend,), name="homagg-switch-parent", daemon=True).start()
     info = {"data": list(backend.addr), "control": list(ctl.addr), "backend": args.backend}  # type: ignore[attr-defined]
     if args.ready_json:
         print(json.dumps(info), flush=True)
@@ -82,3 +86,13 @@ def run(args: argparse.Namespace) -> int:
         backend.close()  # type: ignore[attr-defined]
         ctl.stop()
     return 0
+
+
+def _stop_at_eof(backend: object) -> None:
+    """Block until stdin reaches EOF (its writer, the owning process, closed it or died); stop."""
+    try:
+        while sys.stdin.buffer.read(4096):
+            pass
+    except (OSError, ValueError):
+        pass
+    backend.stop()  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""The emulator's control server: JSON lines over TCP (protocol in :mod:`homagg.transport.control`)."""
+"""The emulator's control server: JSON lines over TCP (protocol in :mod:`homagg.transport` (``ControlClient``))."""
 
 from __future__ import annotations
 

@@ -30,7 +30,6 @@ class Replicator:
         self._mv = memoryview(self._buf)
         self._words = payload_view(self._buf, MAX_WORDS_JUMBO)
         self.sent = 0
-        self.dropped = 0
 
     def _build(self, job: JobState, i: int) -> memoryview:
         tag, offset, op, wc = job.key[i]  # type: ignore[misc]
@@ -53,8 +52,7 @@ class Replicator:
 
     def _out(self, dgram: memoryview, wid: int, addr: tuple[str, int]) -> None:
         if self.egress_drop is not None and self.egress_drop():
-            self.dropped += 1
-            return
+            return  # counted by the fault injector (drop_injected_egress)
         set_worker_id(self._buf, wid)
         self.send(dgram, addr)
         self.sent += 1

@@ -1,7 +1,7 @@
 """The emulated switch: tables + pipeline + counters + faults, independent of the I/O backend.
 
 Control operations (:meth:`Switch.control`) are what the control server exposes; see
-:mod:`homagg.transport.control` for the protocol.  ``housekeeping`` forgets jobs idle for longer
+:mod:`homagg.transport` (``ControlClient``) for the protocol.  ``housekeeping`` forgets jobs idle for longer
 than their ``idle_timeout_s`` (their slots are reclaimed).
 """
 

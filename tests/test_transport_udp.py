@@ -12,7 +12,7 @@ import switch_emulator
 from homagg import CombineOp, Stream
 from homagg._demo import check_result, make_tensors, run_job
 from homagg._errors import ConfigError
-from homagg._switch import combine_words
+from homagg.transport import combine_words
 from homagg.testing import local_allreduce
 from homagg.transport import ControlClient, UdpSwitchPort
 from homagg.transport._procs import RankFailure

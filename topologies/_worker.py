@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from homagg.jobs import JobSpec
     from homagg.testing import local_allreduce
     from homagg.transport import UdpSwitchPort
-    from homagg.transport.control import parse_addr
+    from homagg.transport import parse_addr
 
     job = JobSpec.from_json(args.job)
     report: dict[str, object] = {"rank": args.rank, "world_size": job.world_size, "schemes": {}, "ok": False}

@@ -21,7 +21,7 @@ import torch
 from .._config import SCHEMES, CodecConfig
 from .._schemes import protocol
 from .._stats import WorkerStats
-from .._switch import combine_words
+from ..transport import combine_words
 
 __all__ = ["configure_parser", "run", "measure"]
 

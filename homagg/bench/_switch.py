@@ -36,7 +36,7 @@ def _words(rank: int, numel: int) -> torch.Tensor:
 def _worker(rank: int, cfg: dict[str, Any], barrier: Any) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from .._switch import CombineOp, Stream
+    from ..transport import CombineOp, Stream
     from ..jobs import JobSpec
     from ..transport import UdpSwitchPort
 

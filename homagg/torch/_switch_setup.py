@@ -1,12 +1,12 @@
 """Connect a homagg process group to its switch: embedded emulator, external switch, or gloo.
 
-* ``embedded`` (default): group rank 0 starts a Python switch emulator in its own process (bound
+* ``embedded`` (default): group rank 0 starts (or shares) a Python switch emulator (bound
   to ``emulator_host``, else the rendezvous host when it is an address of this machine, else
   127.0.0.1), admits a job for the group, and publishes ``host:port`` and the job in the group's
   store; every rank then opens a UDP port to it.  Each process group gets its own job.
 * ``host:port``: an external emulator or BMv2 switch; group rank 0 admits the job through the
   switch's control client and publishes it the same way.
-* ``gloo``: :class:`~homagg.torch._gloo_port.GlooSwitchPort` over the worker's private gloo group.
+* ``gloo``: :class:`~homagg.transport.GlooSwitchPort` over the worker's private gloo group.
 
 Invariants: every rank of the group agrees on the switch, scheme and codec options (rank 0
 publishes its options, the others compare and raise :class:`~homagg.ConfigError` on mismatch);
@@ -17,16 +17,15 @@ stops an owned emulator, and is idempotent.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import time
 from datetime import timedelta
 
 import torch.distributed as dist
 
-from .._errors import ConfigError, HomAggError, SwitchTimeoutError
-from .._switch import SwitchPort
+from .._errors import ConfigError, HomAggError
+from ..transport import GlooSwitchPort, transport_error
 from ._config import BackendConfig
-from ._gloo_port import GlooSwitchPort
+from ._link import SwitchLink
 
 __all__ = ["SwitchLink", "open_switch"]
 
@@ -34,36 +33,13 @@ _CONFIG_KEY = "homagg/config"
 _SWITCH_KEY = "homagg/switch"
 
 
-@dataclass
-class SwitchLink:
-    """What a group aggregates through.  ``address``/``job_id`` are ``None`` for ``gloo``."""
-
-    port: SwitchPort
-    kind: str
-    address: tuple[str, int] | None = None
-    job_id: int | None = None
-    control: tuple[str, int] | None = None  # the switch's control address (udp kinds)
-    emulator: object | None = None  # the embedded emulator, on the rank that owns it
-    _closers: list[Callable[[], None]] = field(default_factory=list)
-
-    def close(self) -> None:
-        """Close the port, then stop an owned emulator; re-raise the first failure after all ran."""
-        closers, self._closers = self._closers, []
-        first: BaseException | None = None
-        for close in reversed(closers):
-            try:
-                close()
-            except Exception as exc:  # noqa: BLE001 - re-raised below once every closer ran
-                first = first or exc
-        if first is not None:
-            raise first
-
-
 def _store_get(store: dist.Store, key: str, timeout_s: float, what: str) -> bytes:
+    t0 = time.monotonic()
     try:
         store.wait([key], timedelta(seconds=timeout_s))
-    except RuntimeError as exc:  # torch raises DistStoreError (a RuntimeError) on timeout
-        raise SwitchTimeoutError(f"homagg: {what} not published by group rank 0 within {timeout_s:.0f}s") from exc
+    except RuntimeError as exc:  # torch's DistStoreError (a RuntimeError) on timeout
+        raise transport_error(exc, f"homagg: {what} not published by group rank 0", timeout_s=timeout_s,
+                              waited_s=time.monotonic() - t0) from exc
     return store.get(key)
 
 
@@ -91,7 +67,7 @@ def open_switch(
     """Open this rank's switch port for the group (see the module docstring for the modes)."""
     _agree_on_config(config, store, rank, group_timeout_s)
     if config.switch == "gloo":
-        port = GlooSwitchPort(private_gloo, rank, size)
+        port = GlooSwitchPort(private_gloo, rank, size, timeout_s=group_timeout_s)
         return SwitchLink(port, "gloo", _closers=[port.close])
     from . import _udp_link  # imports the transport and the emulator only when they are used
 

@@ -2,8 +2,8 @@
 
 Processes come from a ``forkserver`` that has imported torch and homagg once, so starting W
 workers costs milliseconds, not W torch imports, and no parent threads are forked.  A worker's
-return value (picklable) or exception comes back through a queue; :func:`run_ranks` waits with a
-bounded timeout and kills stragglers.
+return value (picklable) or exception comes back through a queue; :meth:`Workers.join` waits with
+a bounded timeout and kills stragglers.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import TransportError
-
-__all__ = ["RankFailure", "Workers", "context", "run_ranks"]
+__all__ = ["RankFailure", "Workers", "context"]
 
 _CTX: Any = None
 
@@ -100,12 +98,3 @@ class Workers:
         for p in self.procs:
             p.join(5)
 
-
-def run_ranks(target: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300.0) -> list[Any]:
-    """Run ``target(rank, *args)`` in ``world_size`` processes; raise if any rank failed."""
-    results = Workers(target, world_size, *args).join(timeout)
-    failed = [r for r in results if isinstance(r, RankFailure)]
-    if failed:
-        f = failed[0]
-        raise TransportError(f"{len(failed)} rank(s) failed; rank {f.rank}: {f.type}: {f.message}\n{f.traceback}")
-    return results

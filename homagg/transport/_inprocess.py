@@ -1,88 +1,22 @@
-"""The switch contract: what a worker needs from an aggregating network element.
+"""The in-process switch: the reference :class:`~homagg.transport.SwitchPort` for threads of one process.
 
-A *round* is a list of :class:`Stream` objects, each an int32 word vector tagged with the way a
-switch combines it (:class:`CombineOp`).  Every worker of a job hands its round to its
-:class:`SwitchPort`; ``combine`` returns, to every worker, the element-wise combination over all
-workers of each stream:
-
-* ``ADD`` — two's complement addition modulo 2**32 (wraps, like P4 ``bit<32>`` arithmetic),
-* ``OR``  — bitwise or,
-* ``MAX`` — signed int32 maximum.
-
-Invariants every implementation keeps: streams of one round have equal names, ops and lengths on
-every worker (else :class:`~homagg.ProtocolError`); the result is identical on every worker and
-independent of arrival order.  The codec never knows how words travel; transports never know what
-they mean.  :class:`InProcessSwitch` is the reference implementation (tests, ``local_allreduce``);
-the UDP transport to the emulator or BMv2 implements the same :class:`SwitchPort`.
+``InProcessSwitch(world_size).port(rank)`` gives each worker (thread) its port; a round completes
+when every worker has called ``combine``; the result is :func:`~homagg.transport.combine_words`
+of the round, a private copy per worker (as over a network).  Waits are bounded by ``timeout``
+seconds and name the missing ranks.  Used by :func:`homagg.testing.local_allreduce` and tests.
 """
 
 from __future__ import annotations
 
-import abc
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from ._errors import ConfigError, ProtocolError, SwitchTimeoutError
-from .wire import CombineOp
+from .._errors import ConfigError, ProtocolError, SwitchTimeoutError
+from ._base import Stream, SwitchPort, combine_words
 
-__all__ = ["CombineOp", "Stream", "SwitchPort", "InProcessSwitch", "combine_words"]
-
-
-@dataclass(frozen=True)
-class Stream:
-    """One int32 word vector of a round, with its combine op and a name for statistics."""
-
-    name: str
-    op: CombineOp
-    words: torch.Tensor
-
-    def __post_init__(self) -> None:
-        w = self.words
-        if w.dtype != torch.int32 or w.dim() != 1:
-            raise ProtocolError(f"stream {self.name!r} must be a 1-D int32 tensor, got {w.dtype} {tuple(w.shape)}")
-
-
-def combine_words(op: CombineOp, vectors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Combine equal-length int32 vectors with ``op`` exactly as a switch does (ADD wraps mod 2**32)."""
-    if not vectors:
-        raise ProtocolError("nothing to combine")
-    if op == CombineOp.ADD:
-        acc = torch.zeros_like(vectors[0], dtype=torch.int64)
-        for v in vectors:
-            acc += v
-        return wrap_int32(acc)
-    acc = vectors[0].clone()
-    for v in vectors[1:]:
-        if op == CombineOp.OR:
-            acc |= v
-        elif op == CombineOp.MAX:
-            torch.maximum(acc, v, out=acc)
-        else:  # pragma: no cover - enum is closed
-            raise ProtocolError(f"unknown combine op {op!r}")
-    return acc
-
-
-def wrap_int32(x: torch.Tensor) -> torch.Tensor:
-    """Reduce an int64 tensor modulo 2**32 into two's complement int32 (no overflow, any device)."""
-    return (((x + 2**31) & 0xFFFFFFFF) - 2**31).to(torch.int32)
-
-
-class SwitchPort(abc.ABC):
-    """One worker's access to the switch.  Implementations: in-process, UDP emulator, BMv2."""
-
-    rank: int
-    world_size: int
-
-    @abc.abstractmethod
-    def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
-        """Send this worker's round; return the combined words of every stream (same order, int32,
-        on the device of that stream's words)."""
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release resources held by this port."""
+__all__ = ["InProcessSwitch"]
 
 
 class InProcessSwitch:

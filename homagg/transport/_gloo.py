@@ -8,17 +8,21 @@ UDP to an emulator is unavailable, and as a reference in tests; it is *not* in-n
 
 Invariant: the caller owns the gloo group and calls :meth:`combine` from one thread only (the
 process group's FIFO worker), so every rank issues the same gloo calls in the same order.
+Failures map through :func:`~homagg.transport.transport_error`: a gloo call that fails after
+waiting ``timeout_s`` (the gloo group's own timeout) is a :class:`~homagg.SwitchTimeoutError`.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-from .._errors import ProtocolError, SwitchTimeoutError, TransportError
-from .._switch import CombineOp, Stream, SwitchPort, wrap_int32
+from .._errors import ProtocolError, TransportError
+from ._base import CombineOp, Stream, SwitchPort, wrap_int32
+from ._errmap import transport_error
 
 __all__ = ["GlooSwitchPort"]
 
@@ -26,12 +30,14 @@ _REDUCE = {CombineOp.ADD: dist.ReduceOp.SUM, CombineOp.OR: dist.ReduceOp.BOR, Co
 
 
 class GlooSwitchPort(SwitchPort):
-    """Switch contract over a private gloo group (``rank``/``world_size`` are the group's)."""
+    """Switch contract over a private gloo group (``rank``/``world_size`` are the group's;
+    ``timeout_s`` is the timeout the gloo group was created with)."""
 
-    def __init__(self, gloo: dist.ProcessGroup, rank: int, world_size: int) -> None:
+    def __init__(self, gloo: dist.ProcessGroup, rank: int, world_size: int, timeout_s: float | None = None) -> None:
         self._gloo: dist.ProcessGroup | None = gloo
         self.rank = rank
         self.world_size = world_size
+        self.timeout_s = timeout_s
 
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
         gloo = self._gloo
@@ -46,13 +52,12 @@ class GlooSwitchPort(SwitchPort):
             flat = torch.cat(parts).to(torch.int64 if op == CombineOp.ADD else torch.int32)
             opts = dist.AllreduceOptions()
             opts.reduceOp = _REDUCE[op]
+            t0 = time.monotonic()
             try:
                 gloo.allreduce([flat], opts).wait()
             except RuntimeError as exc:
-                text = str(exc)
-                if "imeout" in text or "timed out" in text:
-                    raise SwitchTimeoutError(f"gloo switch emulation: {text}") from exc
-                raise TransportError(f"gloo switch emulation failed: {text}") from exc
+                raise transport_error(exc, f"gloo switch emulation ({op.name} of {flat.numel()} words)",
+                                      timeout_s=self.timeout_s, waited_s=time.monotonic() - t0) from exc
             if op == CombineOp.ADD:
                 flat = wrap_int32(flat)
             for i, chunk in zip(idx, torch.split(flat, [p.numel() for p in parts])):

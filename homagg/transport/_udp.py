@@ -44,8 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._errors import ConfigError, SwitchTimeoutError, TransportError
-from .._switch import Stream, SwitchPort
+from .._errors import ConfigError, SwitchTimeoutError
 from ..jobs import JobSpec
 from ..wire import (
     FLAG_RESULT,
@@ -60,7 +59,9 @@ from ..wire import (
     set_flags,
     unpack_header,
 )
-from .control import ControlClient, parse_addr
+from ._base import Stream, SwitchPort
+from ._control import ControlClient, parse_addr
+from ._errmap import transport_error
 
 __all__ = ["UdpSwitchPort"]
 
@@ -276,7 +277,7 @@ class UdpSwitchPort(SwitchPort):
         except ConnectionRefusedError:
             pass
         except OSError as exc:
-            raise TransportError(f"job {self.job.job_id} worker {self.rank}: cannot send to {self.switch_addr}: {exc}") from exc
+            raise transport_error(exc, f"job {self.job.job_id} worker {self.rank}: sending to {self.switch_addr}") from exc
 
     def _rtt_sample(self, r: float) -> None:
         if self._srtt is None:
@@ -324,10 +325,4 @@ class UdpSwitchPort(SwitchPort):
         self.sock.close()
         if self._ctl is not None:
             self._ctl.close()
-
-    def __enter__(self) -> UdpSwitchPort:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 

@@ -39,9 +39,10 @@ import json
 import socket
 from typing import Any
 
-from .._errors import ConfigError, TransportError
+from .._errors import ConfigError
 from ..jobs import JobSpec
 from ..wire import P4_WORDS
+from ._errmap import transport_error
 
 __all__ = ["ControlClient", "parse_addr"]
 
@@ -86,7 +87,8 @@ class ControlClient:
             except OSError as exc:
                 self.close()
                 if attempt:
-                    raise TransportError(f"switch control {self.addr[0]}:{self.addr[1]} ({cmd}): {exc}") from exc
+                    raise transport_error(exc, f"switch control {self.addr[0]}:{self.addr[1]} ({cmd})",
+                                          timeout_s=self.timeout) from exc
         resp = json.loads(resp_line)
         if not resp.get("ok"):
             raise ConfigError(f"switch refused {cmd}: {resp.get('error')}")
@@ -110,9 +112,6 @@ class ControlClient:
         job = {"job_id": job_id, "world_size": world_size, "slot_base": slot_base, "n_slots": n_slots,
                "words_per_packet": words_per_packet, "workers": workers or [], "idle_timeout_s": idle_timeout_s}
         return JobSpec.from_dict(self.request("admit", job=job)["job"])
-
-    def admit_spec(self, spec: JobSpec) -> JobSpec:
-        return JobSpec.from_dict(self.request("admit", job=spec.to_dict())["job"])
 
     def register(self, job_id: int, worker_id: int, addr: tuple[str, int]) -> JobSpec:
         r = self.request("register", job_id=job_id, worker_id=worker_id, ip=addr[0], port=addr[1])

@@ -1,0 +1,39 @@
+"""What a homagg process group aggregates through: its switch port and how to release it.
+
+Kept apart from :mod:`._switch_setup` (which chooses and opens the link) and :mod:`._udp_link`
+(the UDP kinds), so that both import it and neither imports the other at module level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..transport import SwitchPort
+
+__all__ = ["SwitchLink"]
+
+
+@dataclass
+class SwitchLink:
+    """What a group aggregates through.  ``address``/``job_id`` are ``None`` for ``gloo``."""
+
+    port: SwitchPort
+    kind: str
+    address: tuple[str, int] | None = None
+    job_id: int | None = None
+    control: tuple[str, int] | None = None  # the switch's control address (udp kinds)
+    emulator: object | None = None  # the embedded emulator, on the rank that owns it
+    _closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Close the port, then stop an owned emulator; re-raise the first failure after all ran."""
+        closers, self._closers = self._closers, []
+        first: BaseException | None = None
+        for close in reversed(closers):
+            try:
+                close()
+            except Exception as exc:  # noqa: BLE001 - re-raised below once every closer ran
+                first = first or exc
+        if first is not None:
+            raise first

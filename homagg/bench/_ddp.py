@@ -4,7 +4,10 @@ Model: ``nn.Embedding(vocab, dim)`` + a 2-layer MLP; each step touches ``batch *
 the embedding, so most of its (dense-layout) gradient is zero — the case homagg compresses.
 For every backend and run, ``world`` rank processes are started on 127.0.0.1 (homagg: embedded
 emulator started by rank 0, nothing else); rank 0 reports the median of its timed steps (after
-warm-up).  The JSON output lists each run's median and the median over runs per backend.
+warm-up).  The JSON output lists each run's median and the median over runs per backend, and the
+retransmissions of each run summed over the ranks (``retransmits``, ``fast_retransmits``,
+``spurious_retransmits`` of the ranks' switch ports; 0 for backends without a switch), with the
+host's load average.
 Every wait is bounded (``--timeout`` per run); a failed run raises :class:`~homagg.HomAggError`.
 """
 
@@ -23,6 +26,8 @@ from typing import Any
 from .._errors import HomAggError
 
 __all__ = ["configure_parser", "run"]
+
+_RETX_KEYS = ("retransmits", "fast_retransmits", "spurious_retransmits")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -55,9 +60,13 @@ def run(args: argparse.Namespace) -> int:
         "machine": {"cpus": os.cpu_count(), "platform": sys.platform}, "results": {},
     }
     for backend in backends:
-        medians = [_one_run(args, backend) for _ in range(args.runs)]
+        load = round(os.getloadavg()[0], 2)
+        runs = [_one_run(args, backend) for _ in range(args.runs)]
+        medians = [m for m, _ in runs]
         report["results"][backend] = {"run_median_ms": [round(m * 1e3, 3) for m in medians],
-                                      "median_ms": round(statistics.median(medians) * 1e3, 3)}
+                                      "median_ms": round(statistics.median(medians) * 1e3, 3),
+                                      "load_1min": load,
+                                      **{k: [r[k] for _, r in runs] for k in _RETX_KEYS}}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
@@ -72,8 +81,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _one_run(args: argparse.Namespace, backend: str) -> float:
-    """Start ``world`` ranks; return rank 0's median step time in seconds."""
+def _one_run(args: argparse.Namespace, backend: str) -> tuple[float, dict[str, int]]:
+    """Start ``world`` ranks; return rank 0's median step time in seconds and the ranks' summed
+    retransmission counts."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(args.world))
     if args.scheme and backend == "homagg":
         env["HOMAGG_SCHEME"] = args.scheme
@@ -98,7 +108,8 @@ def _one_run(args: argparse.Namespace, backend: str) -> float:
     bad = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
     if bad:
         raise HomAggError(f"bench ddp: {backend} ranks failed {bad}: {outs[bad[0][0]][1][-2000:]}")
-    return float(json.loads(outs[0][0].strip().splitlines()[-1])["median_s"])
+    lines = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
+    return float(lines[0]["median_s"]), {k: sum(int(x["port"].get(k, 0)) for x in lines) for k in _RETX_KEYS}
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -129,7 +140,8 @@ def _worker(args: argparse.Namespace) -> int:
         opt.step()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
+    port = getattr(getattr(dist.group.WORLD, "_link", None), "port", None)  # homagg: the rank's switch port
+    port_stats = dict(getattr(port, "stats", {}))
     dist.destroy_process_group()
-    if rank == 0:
-        print(json.dumps({"median_s": statistics.median(times)}), flush=True)
+    print(json.dumps({"median_s": statistics.median(times), "port": port_stats}), flush=True)
     return 0

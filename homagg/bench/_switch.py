@@ -6,7 +6,11 @@ ADD stream through :class:`~homagg.transport.UdpSwitchPort` to the emulator, a s
 Both are started after a barrier; a repeat's time is the slowest worker's.  The homagg result is
 checked against the integer sum in the first repeat.  Reported per configuration: medians over
 ``--repeats`` (after one warm-up), ``goodput_gbps = numel * 4 * 8 / homagg_s / 1e9`` (one
-worker's payload per second) and the same for gloo.
+worker's payload per second) and the same for gloo; retransmissions summed over the workers
+(``retransmits``, of them ``fast_retransmits`` and provably ``spurious_retransmits``, see
+:class:`~homagg.transport.UdpSwitchPort`) and the switch's view of them (``switch_duplicates``:
+copies of a contribution already counted, answered or dropped); ``load_1min`` is the host's load
+average when the configuration started.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import torch
 from .._errors import ProtocolError
 
 __all__ = ["configure_parser", "run", "measure"]
+
+_RETX_KEYS = ("retransmits", "fast_retransmits", "spurious_retransmits")
 
 
 def _words(rank: int, numel: int) -> torch.Tensor:
@@ -94,6 +100,7 @@ def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: i
     from ..transport import ControlClient
     from ..transport._procs import RankFailure, Workers, context
 
+    load = round(os.getloadavg()[0], 2)
     with switch_emulator.spawn(drop=drop) as sw:
         ctl = ControlClient(sw.control_addr)
         job = ctl.admit(workers, n_slots=slots, words_per_packet=words_per_packet)
@@ -114,7 +121,9 @@ def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: i
         "workers": workers, "numel": numel, "payload_words": words_per_packet, "slots": slots, "repeats": repeats,
         "homagg_s": h, "gloo_s": g, "goodput_gbps": bits / h / 1e9, "gloo_goodput_gbps": bits / g / 1e9,
         "homagg_runs_s": homagg_rep, "gloo_runs_s": gloo_rep,
-        "retransmits": sum(r["stats"]["retransmits"] for r in results),
+        **{k: sum(r["stats"][k] for r in results) for k in _RETX_KEYS},
+        "switch_duplicates": counters["retransmit_answered"] + counters["drop_duplicate"],
+        "load_1min": load,
         "switch_packets_in": counters["rx"], "switch_packets_out": counters["tx"], "drop": drop,
         "machine": f"{platform.machine()} {platform.node()} cpus={len(os.sched_getaffinity(0))}",
     }
@@ -150,12 +159,13 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"W={w} numel={n:,}: homagg {rec['homagg_s']:.3f}s ({rec['goodput_gbps']:.2f} Gbit/s), "
                           f"gloo {rec['gloo_s']:.3f}s ({rec['gloo_goodput_gbps']:.2f} Gbit/s)")
     table = Table(title="homagg emulator vs gloo allreduce (int32, loopback, medians)")
-    for col in ("workers", "numel", "K", "homagg s", "gloo s", "homagg Gbit/s", "gloo Gbit/s", "retx"):
+    for col in ("workers", "numel", "K", "homagg s", "gloo s", "homagg Gbit/s", "gloo Gbit/s", "retx",
+                "spurious", "load"):
         table.add_column(col, justify="right")
     for r in records:
         table.add_row(str(r["workers"]), f"{r['numel']:,}", str(r["payload_words"]), f"{r['homagg_s']:.3f}",
                       f"{r['gloo_s']:.3f}", f"{r['goodput_gbps']:.2f}", f"{r['gloo_goodput_gbps']:.2f}",
-                      str(r["retransmits"]))
+                      str(r["retransmits"]), str(r["spurious_retransmits"]), f"{r['load_1min']:.1f}")
     console.print(table)
     if args.json:
         args.json.write_text(json.dumps(records, indent=2) + "\n")

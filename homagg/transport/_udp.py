@@ -9,9 +9,21 @@ A round's streams are cut into chunks of at most K = ``words_per_packet`` words.
 
 Self-clocking (SwitchML): the window is the job's ``n_slots``; the chunk ``g + n_slots`` is sent
 into a slot only after the result of chunk ``g`` came back.  A chunk without result after its RTO
-is resent with ``FLAG_RETRANSMIT`` (RTO from a smoothed RTT, doubled per retry up to
-``max_rto``); the switch answers a retransmission of a completed slot from its shadow copy.
-Duplicated, reordered and stale results are ignored (matched on slot, bank, tag, offset).
+is resent with ``FLAG_RETRANSMIT``; the switch answers a retransmission of a completed slot from
+its shadow copy.  The RTO is RFC 6298's, per port (= per job and slot window), with Karn's rule,
+exponential backoff and a floor for a software switch (:mod:`._rto`).  Fast retransmit: every
+worker sends chunks in index order over FIFO paths, so results complete in index order; a result
+for chunk ``c`` while chunk ``i < c - DUPTHRESH`` (sent once) is still outstanding means ``i`` or
+its result was lost, and ``i`` is resent at once (no backoff; the timer stays the backstop, e.g.
+for the last chunks of a round).  Duplicated, reordered and stale results are ignored (matched on
+slot, bank, tag, offset).
+
+``stats``: ``packets`` sent (first copies), ``retransmits`` (``fast_retransmits`` of them early),
+``spurious_retransmits``
+(retransmissions proven unnecessary: a second result copy of the same chunk arrived, i.e. the
+switch had counted the first copy and answered the retransmission too; a retransmission the switch
+drops as ``duplicate`` before completion is counted only by the switch), ``results``, ``ignored``,
+``rounds``, ``rtt_samples``, ``rto_backoffs``, ``srtt_us``, ``rto_us`` (current estimator state).
 
 Output arrays are recycled: the port keeps the result arrays of its last two rounds and reuses one
 for a stream of the same length once nothing else references it any more (no tensor, view or
@@ -62,8 +74,12 @@ from ..wire import (
 from ._base import Stream, SwitchPort
 from ._control import ControlClient, parse_addr
 from ._errmap import transport_error
+from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
 
-__all__ = ["UdpSwitchPort"]
+__all__ = ["UdpSwitchPort", "DUPTHRESH"]
+
+#: later chunks completed before an outstanding one counts as lost (tolerates reordering by < 3)
+DUPTHRESH = 3
 
 _BUF_BYTES = 32 << 20
 
@@ -92,9 +108,9 @@ class UdpSwitchPort(SwitchPort):
         register: bool = True,
         bind: tuple[str, int] | None = None,
         timeout: float = 30.0,
-        rto: float = 0.05,
-        min_rto: float = 0.02,
-        max_rto: float = 1.0,
+        rto: float = INITIAL_RTO_S,
+        min_rto: float = MIN_RTO_S,
+        max_rto: float = MAX_RTO_S,
     ) -> None:
         if job is None:
             if job_id is None or world_size is None:
@@ -108,7 +124,8 @@ class UdpSwitchPort(SwitchPort):
         self.rank = rank
         self.world_size = job.world_size
         self.switch_addr = parse_addr(switch)
-        self.timeout, self.rto0, self.min_rto, self.max_rto = timeout, rto, min_rto, max_rto
+        self.timeout, self.max_rto = timeout, max_rto
+        self.rtt = RtoEstimator(rto, min_rto, max_rto)
         self._ctl = ControlClient(control, timeout=min(timeout, 10.0)) if control is not None else None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for opt in (getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF):
@@ -127,9 +144,12 @@ class UdpSwitchPort(SwitchPort):
         self._rbuf = bytearray(datagram_len(MAX_WORDS_JUMBO) + 64)
         self._seq = 0  # global chunk counter, identical on every worker of the job
         self._spare: list[np.ndarray] = []  # result arrays of the last rounds, reused once unreferenced
-        self._srtt: float | None = None
-        self._rttvar = 0.0
-        self.stats: dict[str, int] = {"packets": 0, "retransmits": 0, "results": 0, "ignored": 0, "rounds": 0}
+        self._last_g = [-1] * n  # per slot: global sequence number of the last chunk completed there
+        self._last_retx = [False] * n  # ... whether it was retransmitted (a second result copy = spurious)
+        self.stats: dict[str, int] = {"packets": 0, "retransmits": 0, "fast_retransmits": 0, "spurious_retransmits": 0,
+                                      "results": 0,
+                                      "ignored": 0, "rounds": 0, "rtt_samples": 0, "rto_backoffs": 0,
+                                      "srtt_us": 0, "rto_us": 0}
         if self._ctl is not None and register:
             try:
                 self._ctl.register(job.job_id, rank, self.local_addr)
@@ -177,7 +197,20 @@ class UdpSwitchPort(SwitchPort):
         sent_at = [0.0] * nslot
         deadline = [0.0] * nslot
         tries = [0] * nslot
-        rto = self.rto0 if self._srtt is None else self._rto()
+        est = self.rtt
+        last_g, last_retx = self._last_g, self._last_retx
+        completed = bytearray(total)
+        low = 0  # every chunk below ``low`` has its result
+        fr_next = 0  # chunks below this were already considered for fast retransmit
+        stats = self.stats
+
+        def resend(s: int, now: float) -> None:
+            buf = bufs[s]
+            set_flags(buf, FLAG_RETRANSMIT)
+            self._send(send, memoryview(buf)[: datagram_len(chunks[cur[s]][2])])
+            tries[s] += 1
+            stats["retransmits"] += 1
+            deadline[s] = now + min(self.max_rto, est.rto * (2 ** (tries[s] - 1)))
 
         def put(c: int, now: float) -> None:
             g = seq0 + c
@@ -189,7 +222,7 @@ class UdpSwitchPort(SwitchPort):
             cur[s] = c
             tries[s] = 0
             sent_at[s] = now
-            deadline[s] = now + rto
+            deadline[s] = now + est.rto
             self._send(send, memoryview(buf)[: datagram_len(wc)])
 
         now = time.monotonic()
@@ -198,7 +231,7 @@ class UdpSwitchPort(SwitchPort):
         self.stats["packets"] += min(nslot, total)
         done = 0
         last_progress = now
-        next_scan = now + rto
+        next_scan = now + est.rto
         rbuf = self._rbuf
         recv_into = sock.recv_into
         while done < total:
@@ -211,23 +244,34 @@ class UdpSwitchPort(SwitchPort):
                         continue
                     ver, _op, flags, rjob, _w, wc, bank, slot, tag, off, _r = unpack_header(rbuf)
                     s = slot - base
-                    if not (flags & FLAG_RESULT and rjob == jid and 0 <= s < nslot and cur[s] >= 0
-                            and n == datagram_len(wc) and ver == VERSION):
+                    if not (flags & FLAG_RESULT and rjob == jid and 0 <= s < nslot and n == datagram_len(wc)
+                            and ver == VERSION):
                         self.stats["ignored"] += 1
                         continue
                     c = cur[s]
                     g = seq0 + c
                     j, coff, cwc, _op = chunks[c]
-                    if tag != g & TAG_MASK or bank != (g // nslot) & 1 or off != coff or wc != cwc:
-                        self.stats["ignored"] += 1  # late or duplicated result of an earlier use
+                    if c < 0 or tag != g & TAG_MASK or bank != (g // nslot) & 1 or off != coff or wc != cwc:
+                        self._late_result(s, tag, bank)  # late or duplicated result of an earlier use
                         continue
                     outs[j][off:off + wc] = payload_view(rbuf, wc)
                     self.stats["results"] += 1
                     done += 1
                     got += 1
                     t = time.monotonic()
-                    if tries[s] == 0:
-                        self._rtt_sample(t - sent_at[s])
+                    if tries[s] == 0:  # Karn: a retransmitted chunk's RTT is ambiguous
+                        est.sample(t - sent_at[s])
+                    last_g[s], last_retx[s] = g, tries[s] > 0
+                    completed[c] = 1
+                    while low < total and completed[low]:
+                        low += 1
+                    if c - DUPTHRESH > fr_next:  # fast retransmit of chunks overtaken by later results
+                        for i in range(max(fr_next, low), c - DUPTHRESH):
+                            si = (seq0 + i) % nslot
+                            if cur[si] == i and tries[si] == 0:
+                                resend(si, t)
+                                stats["fast_retransmits"] += 1
+                        fr_next = c - DUPTHRESH
                     nxt = c + nslot
                     if nxt < total:
                         put(nxt, t)
@@ -241,28 +285,40 @@ class UdpSwitchPort(SwitchPort):
             now = time.monotonic()
             if got:
                 last_progress = now
-                rto = self._rto()
             if done >= total:
                 break
             if now >= next_scan:
-                next_scan = now + rto
+                next_scan = now + est.rto
                 for s in range(nslot):
                     if cur[s] >= 0 and now >= deadline[s]:
-                        buf = bufs[s]
-                        set_flags(buf, FLAG_RETRANSMIT)
-                        wc = chunks[cur[s]][2]
-                        self._send(send, memoryview(buf)[: datagram_len(wc)])
-                        tries[s] += 1
-                        self.stats["retransmits"] += 1
-                        deadline[s] = now + min(self.max_rto, rto * (2 ** tries[s]))
+                        est.expired(now)
+                        resend(s, now)
                     if cur[s] >= 0:
                         next_scan = min(next_scan, deadline[s])
                 if now - last_progress > self.timeout:
                     self._seq = seq0 + total  # keep the sequence aligned if the caller retries the job
+                    self._sync_rtt_stats()
                     raise self._timeout_error(chunks, cur, seq0, streams)
             if not got:
                 select.select([sock], [], [], max(0.0, min(next_scan, last_progress + self.timeout) - now) + 1e-4)
         self._seq = seq0 + total
+        self._sync_rtt_stats()
+
+    def _late_result(self, s: int, tag: int, bank: int) -> None:
+        """Count a result that matches no outstanding chunk; a second copy of a retransmitted,
+        already completed chunk proves the retransmission spurious (counted once per chunk)."""
+        self.stats["ignored"] += 1
+        g = self._last_g[s]
+        if g >= 0 and self._last_retx[s] and tag == g & TAG_MASK and bank == (g // self.job.n_slots) & 1:
+            self.stats["spurious_retransmits"] += 1
+            self._last_retx[s] = False
+
+    def _sync_rtt_stats(self) -> None:
+        est = self.rtt
+        st = self.stats
+        st["rtt_samples"], st["rto_backoffs"] = est.samples, est.backoffs
+        st["srtt_us"] = round(1e6 * (est.srtt or 0.0))
+        st["rto_us"] = round(1e6 * est.rto)
 
     # ------------------------------------------------------------------------------------------
     def _send(self, send: Any, dgram: memoryview) -> None:
@@ -278,18 +334,6 @@ class UdpSwitchPort(SwitchPort):
             pass
         except OSError as exc:
             raise transport_error(exc, f"job {self.job.job_id} worker {self.rank}: sending to {self.switch_addr}") from exc
-
-    def _rtt_sample(self, r: float) -> None:
-        if self._srtt is None:
-            self._srtt, self._rttvar = r, r / 2
-        else:
-            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - r)
-            self._srtt = 0.875 * self._srtt + 0.125 * r
-
-    def _rto(self) -> float:
-        if self._srtt is None:
-            return self.rto0
-        return min(self.max_rto, max(self.min_rto, 2 * self._srtt + 4 * self._rttvar))
 
     def _timeout_error(self, chunks: list[tuple[int, int, int, int]], cur: list[int], seq0: int,
                        streams: Sequence[Stream]) -> SwitchTimeoutError:

@@ -147,10 +147,10 @@ def _steady(w: Worker, scheme: str, stats: WorkerStats, prior: Agreed) -> Protoc
 
 
 def _dense(w: Worker, stats: WorkerStats, guess: torch.Tensor | None = None) -> Protocol:
-    """Values of every element (grid already quantised: agreed exponents, or ``guess``)."""
+    """Words of every element (quantised under the agreed exponents, or under ``guess``)."""
     stats.schemes["dense"] += 1
     streams = w.exponent_streams() if guess is not None else []
-    streams.append(Stream("values", CombineOp.ADD, w.dense_values().reshape(-1)))
+    streams.append(Stream("values", CombineOp.ADD, w.dense_values()))
     combined = yield from exchange(streams, stats)
     sums = combined[-1].reshape(-1, w.limbs)
     if guess is not None:
@@ -159,11 +159,9 @@ def _dense(w: Worker, stats: WorkerStats, guess: torch.Tensor | None = None) -> 
             redo = w.block_positions(bad)
             stats.redos += 1
             stats.redone += redo.numel()
-            (fixed,) = yield from exchange([Stream("redo", CombineOp.ADD, w.values_at(redo).reshape(-1))], stats)
+            (fixed,) = yield from exchange([Stream("redo", CombineOp.ADD, w.dense_values(bad))], stats)
             sums[redo] = fixed.reshape(-1, w.limbs)
-    nonzero = torch.nonzero(sums.any(dim=1)).squeeze(1)
-    w.union = nonzero.numel()
-    return w.result(nonzero, sums.index_select(0, nonzero), covers_local=False)
+    return w.dense_result(sums)
 
 
 def _compact(w: Worker, stats: WorkerStats, exponents_done: bool = False) -> Protocol:
@@ -201,7 +199,6 @@ def _union_stats(w: Worker) -> Round:
 def _sketch_round(w: Worker, stats: WorkerStats, estimate: float, guess: torch.Tensor | None = None) -> Protocol:
     """Bitmap + count sketch (+ fresh exponents when quantised under ``guess``), then one repair
     round for the unpeelable 2-core and the elements of blocks whose exponent moved, if any."""
-    assert w.grid is not None
     cfg = w.cfg
     stats.schemes["sketch"] += 1
     cells = cfg.sketch_cells or _sketch.sketch_cells(estimate, cfg.sketch_overhead)

@@ -1,9 +1,15 @@
 """One worker's local view of one tensor, and the round helper every scheme uses.
 
-:class:`Worker` holds the nonzero positions and values of the local tensor, quantises them under
-a set of block exponents (agreed, or guessed from an earlier call), answers "my grid values at
-these positions", and writes the decoded sums into the result (in place when asked).
-:func:`exchange` yields one round of non-empty streams and accounts for it in the statistics.
+:class:`Worker` holds the local tensor (a dense flat view, or the nonzeros of a sparse COO input),
+quantises it under a set of block exponents (agreed, or guessed from an earlier call), answers
+"my grid words at these positions" or "my grid words of every element", and writes the decoded
+sums into the result (in place when asked).  :func:`exchange` yields one round of non-empty
+streams and accounts for it in the statistics.
+
+Two representations, computed only when a scheme needs them: the *dense* one (block views of the
+flat tensor, :mod:`homagg._blocks`; what the dense scheme uses, no index tensors) and the *index*
+one (sorted nonzero positions ``idx`` and their grid words, :mod:`homagg._fixedpoint`; what
+compact and sketch use).  Both give the same words for the same element.
 """
 
 from __future__ import annotations
@@ -12,11 +18,11 @@ from collections.abc import Generator
 
 import torch
 
-from . import _fixedpoint, _sparse
+from . import _blocks, _fixedpoint, _sparse
 from ._config import CodecConfig
 from ._errors import ProtocolError
 from ._stats import WorkerStats
-from .transport import Stream
+from .transport._base import Stream
 from .wire import CombineOp
 
 __all__ = ["Worker", "Round", "exchange"]
@@ -25,28 +31,16 @@ Round = list[Stream]
 
 
 class Worker:
-    """Local nonzeros of one tensor; ``grid`` holds their int32 words once :meth:`quantize` ran.
+    """Local view of one tensor; the grid words follow the exponents set by :meth:`quantize`.
 
     Invariants: ``idx`` is sorted (flat positions of the nonzeros); ``grid`` rows align with
-    ``idx``; ``exponents`` are the exponents ``grid`` was quantised with (floats) — after the
-    protocol ends they are the *agreed* exponents of this call, which is what :attr:`union` and
-    :attr:`exponents` record for the next call.
+    ``idx``; ``exponents`` are the exponents the words are quantised with (floats) — after the
+    protocol ends they are the *agreed* exponents of this call, which is what :attr:`exponents`
+    and :attr:`union` record for the next call.
     """
 
     def __init__(self, tensor: torch.Tensor, world_size: int, cfg: CodecConfig, inplace: bool = False) -> None:
         """A dense (strided) tensor, or a sparse COO one (whose result is then a COO tensor too)."""
-        self.like: torch.Tensor | None = None  # the sparse input whose layout the result takes
-        if tensor.layout == torch.sparse_coo:
-            self.like = tensor
-            idx, raw = _sparse.flat_nonzeros(tensor)
-            self.target = None
-        else:
-            flat = tensor.detach().reshape(-1)
-            # In place: the result overwrites the input, whose zeros outside the union already hold.
-            contiguous = inplace and flat.data_ptr() == tensor.data_ptr() and tensor.is_contiguous()
-            self.target = flat if contiguous else None
-            idx = torch.nonzero(flat).squeeze(1)  # NaN/Inf are nonzero, so checking these suffices
-            raw = flat[idx]
         self.cfg = cfg
         self.world_size = world_size
         self.dtype = tensor.dtype
@@ -54,34 +48,76 @@ class Worker:
         self.limbs = _fixedpoint.limb_count(tensor.dtype)
         self.numel = tensor.numel()
         self.device = tensor.device
-        self.idx = idx
-        if self.is_float:
-            self.raw = raw.to(torch.float64)
-            _fixedpoint.check_finite(self.raw)
-            self.local_exponents = _fixedpoint.block_exponents(self.idx, self.raw, self.numel, cfg.block_size)
+        self.like: torch.Tensor | None = None  # the sparse input whose layout the result takes
+        self.flat: torch.Tensor | None = None  # the dense input, flat
+        self.target: torch.Tensor | None = None  # where an in-place result goes
+        self._idx: torch.Tensor | None = None
+        self._raw: torch.Tensor | None = None
+        if tensor.layout == torch.sparse_coo:
+            self.like = tensor
+            self._idx, raw = _sparse.flat_nonzeros(tensor)
+            self._raw = raw.to(torch.float64) if self.is_float else raw
+            if self.is_float:
+                _fixedpoint.check_finite(self._raw)
+            self.local_exponents = (_fixedpoint.block_exponents(self._idx, self._raw, self.numel, cfg.block_size)
+                                    if self.is_float else None)
         else:
-            self.raw = raw
-            self.local_exponents = None
+            self.flat = tensor.detach().reshape(-1)
+            # In place: the result overwrites the input, whose zeros outside the union already hold.
+            if inplace and self.flat.data_ptr() == tensor.data_ptr() and tensor.is_contiguous():
+                self.target = self.flat
+            self.local_exponents = _blocks.exponents(self.flat, cfg.block_size) if self.is_float else None
         self.exponents: torch.Tensor | None = None
-        self.grid: torch.Tensor | None = None  # (nnz, L) int32
+        self._grid: torch.Tensor | None = None  # (nnz, L) int32, index representation
+        self._quantized = False
         self.union = 0  # distinct nonzeros of the combined result (recorded for the next call)
+
+    # ------------------------------------------------------------------ representations
+    @property
+    def idx(self) -> torch.Tensor:
+        """Sorted flat positions of the local nonzeros (computed on first use)."""
+        if self._idx is None:
+            assert self.flat is not None
+            self._idx = torch.nonzero(self.flat).squeeze(1)
+        return self._idx
+
+    @property
+    def raw(self) -> torch.Tensor:
+        """Values at :attr:`idx` (float64 for floats)."""
+        if self._raw is None:
+            assert self.flat is not None
+            raw = self.flat.index_select(0, self.idx)
+            self._raw = raw.to(torch.float64) if self.is_float else raw
+        return self._raw
+
+    @property
+    def grid(self) -> torch.Tensor:
+        """(nnz, L) int32 grid words of the local nonzeros under :attr:`exponents`."""
+        assert self._quantized, "quantize() first"
+        if self._grid is None:
+            if self.is_float:
+                assert self.exponents is not None
+                q = _fixedpoint.quantize(self.idx, self.raw, self.exponents, self.cfg.block_size, self.world_size)
+                self._grid = q.unsqueeze(1)
+            else:
+                self._grid = _fixedpoint.to_limbs(self.raw, self.limbs)
+        return self._grid
 
     @property
     def blocks(self) -> int:
         return -(-self.numel // self.cfg.block_size)
 
+    # ------------------------------------------------------------------ exponents
     def exponent_streams(self) -> Round:
         return [] if self.local_exponents is None else [Stream("exponents", CombineOp.MAX, self.local_exponents)]
 
     def quantize(self, exponents: torch.Tensor | None) -> None:
-        """Grid words of the local nonzeros: under ``exponents`` (floats) or as 16-bit limbs (ints)."""
+        """Quantise under ``exponents`` (floats; ``None`` for integers: exact 16-bit limbs)."""
         if self.is_float:
             assert exponents is not None
             self.exponents = exponents
-            q = _fixedpoint.quantize(self.idx, self.raw, exponents, self.cfg.block_size, self.world_size)
-            self.grid = q.unsqueeze(1)
-        elif self.grid is None:
-            self.grid = _fixedpoint.to_limbs(self.raw, self.limbs)
+            self._grid = None
+        self._quantized = True
 
     def set_exponents(self, combined: list[torch.Tensor]) -> list[torch.Tensor]:
         """Consume the exponent stream (floats) from a round's results, quantise; return the rest."""
@@ -101,26 +137,36 @@ class Worker:
         if bool(bad.any()):
             self.quantize(fresh)
         else:
-            self.exponents = fresh  # equal to the guess wherever a value lies: grid stays valid
+            self.exponents = fresh  # equal to the guess wherever a value lies: words stay valid
         return bad
 
+    # ------------------------------------------------------------------ words to send
     def values_at(self, positions: torch.Tensor) -> torch.Tensor:
-        """(len(positions), L) int32 of this worker's grid values at sorted ``positions`` (0 if absent)."""
-        assert self.grid is not None
+        """(len(positions), L) int32 of this worker's grid words at sorted ``positions`` (0 if absent)."""
         out = torch.zeros((positions.numel(), self.limbs), dtype=torch.int32, device=self.device)
-        if self.idx.numel() and positions.numel():
-            slot = torch.searchsorted(positions, self.idx)
+        idx = self.idx
+        if idx.numel() and positions.numel():
+            slot = torch.searchsorted(positions, idx)
             slot_c = slot.clamp(max=positions.numel() - 1)
-            hit = positions[slot_c] == self.idx
+            hit = positions[slot_c] == idx
             out[slot_c[hit]] = self.grid[hit]
         return out
 
-    def dense_values(self) -> torch.Tensor:
-        """(numel, L) int32 grid words, zero where this worker holds no value."""
-        assert self.grid is not None
-        values = torch.zeros((self.numel, self.limbs), dtype=torch.int32, device=self.device)
-        values[self.idx] = self.grid
-        return values
+    def dense_values(self, blocks: torch.Tensor | None = None) -> torch.Tensor:
+        """Flat int32 words of every element (of the blocks flagged in ``blocks``, if given)."""
+        assert self._quantized, "quantize() first"
+        if self.flat is None:  # sparse input: scatter the index representation
+            pos = self.block_positions(blocks) if blocks is not None else None
+            if pos is not None:
+                return self.values_at(pos).reshape(-1)
+            values = torch.zeros((self.numel, self.limbs), dtype=torch.int32, device=self.device)
+            values[self.idx] = self.grid
+            return values.reshape(-1)
+        if self.is_float:
+            assert self.exponents is not None
+            return _blocks.quantize(self.flat, self.exponents, self.world_size, self.cfg.block_size, blocks)
+        flat = self.flat if blocks is None else self.flat[self.block_positions(blocks)]
+        return _fixedpoint.to_limbs(flat, self.limbs).reshape(-1)
 
     def block_positions(self, bad: torch.Tensor) -> torch.Tensor:
         """Sorted flat positions of every element of the blocks flagged in ``bad``."""
@@ -129,6 +175,7 @@ class Worker:
         pos = (starts.unsqueeze(1) + torch.arange(b, device=self.device)).reshape(-1)
         return pos[pos < self.numel]
 
+    # ------------------------------------------------------------------ results
     def decode(self, positions: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
         """Values of this call's dtype from the combined ``sums`` (U, L) at ``positions``."""
         if self.is_float:
@@ -137,22 +184,34 @@ class Worker:
                                           self.world_size, self.dtype)
         return _fixedpoint.from_limbs(sums, self.dtype)
 
-    def result(self, positions: torch.Tensor, sums: torch.Tensor, covers_local: bool = True) -> torch.Tensor:
-        """Flat result holding the combined ``sums`` (U, L) at ``positions``, zero elsewhere.
+    def dense_result(self, sums: torch.Tensor) -> torch.Tensor:
+        """Result from the combined words of *every* element (``sums``: (numel, L))."""
+        if self.like is not None:
+            nonzero = torch.nonzero(sums.any(dim=1)).squeeze(1)
+            self.union = nonzero.numel()
+            return self.result(nonzero, sums.index_select(0, nonzero))
+        self.union = int(torch.count_nonzero(sums.any(dim=1) if self.limbs > 1 else sums))
+        out = self.target if self.target is not None else torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        if self.is_float:
+            assert self.exponents is not None
+            _blocks.dequantize_into(out, sums.reshape(-1), self.exponents, self.world_size, self.cfg.block_size)
+        else:
+            out.copy_(_fixedpoint.from_limbs(sums, self.dtype))
+        return out
+
+    def result(self, positions: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+        """Result holding the combined ``sums`` (U, L) at ``positions`` (which cover every local
+        nonzero), zero elsewhere.
 
         In place, only ``positions`` are written (O(U), no fill): every other element is already
-        zero in the input provided ``positions`` covers this worker's nonzeros (``covers_local``);
-        otherwise those are cleared first.  For a sparse input, a coalesced COO tensor of its layout.
+        zero in the input.  For a sparse input, a coalesced COO tensor of its layout.
         """
         if self.like is not None:
             values = self.decode(positions, sums)
             keep = torch.nonzero(values).squeeze(1)
             return _sparse.to_coo(positions.index_select(0, keep), values.index_select(0, keep), self.like)
-        if self.target is not None:
-            out = self.target
-            if not covers_local:
-                out[self.idx] = 0
-        else:
+        out = self.target
+        if out is None:
             out = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
         if positions.numel():
             out[positions] = self.decode(positions, sums)

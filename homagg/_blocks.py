@@ -1,0 +1,117 @@
+"""Fixed point on a whole dense tensor, block by block: no index tensors, a few passes.
+
+The same grid as :mod:`homagg._fixedpoint` (the index path used for nonzero lists), computed on
+``(blocks, block_size)`` views of the flat tensor (the last, partial block separately) with the
+block's scale broadcast, instead of gathering one exponent per element through an int64 index.
+
+Exactness (why the results are bit-identical to the index path):
+
+* exponents: ``frexp(max |x|)`` per block equals the maximum of the elements' frexp exponents;
+  a block whose maximum is 0 is EMPTY; a non-finite maximum means a NaN/Inf in the block.
+* quantise: ``x * 2**(P - E)`` is a power-of-two scaling, exact in the input's own float type
+  (float32 for float32/float16/bfloat16 inputs, float64 for float64) except where the result falls
+  below the smallest normal, and such values round to 0 on both paths; ``round`` is
+  round-half-even on both.  Values exceed the grid only under a wrong *guessed* exponent (their
+  block is redone), where the clamp keeps every word inside ``+-(2**P - 1)``.
+* dequantise: int32 sums -> float64 (exact) -> times ``2**(E - P)`` (exact) -> one rounding to the
+  output dtype, exactly as the index path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from ._errors import NonFiniteError
+from ._fixedpoint import EMPTY_EXPONENT, precision_bits
+
+__all__ = ["exponents", "quantize", "dequantize_into"]
+
+
+def _parts(flat: torch.Tensor, block_size: int) -> Iterator[tuple[slice, torch.Tensor]]:
+    """(block slice, (nb, width) view) of the full blocks, then of the last partial block."""
+    n = flat.numel()
+    full = n // block_size
+    if full:
+        yield slice(0, full), flat[: full * block_size].view(full, block_size)
+    if n > full * block_size:
+        yield slice(full, full + 1), flat[full * block_size:].view(1, -1)
+
+
+def exponents(flat: torch.Tensor, block_size: int) -> torch.Tensor:
+    """int32 frexp exponent of each block's largest magnitude (EMPTY where all zero).
+
+    Raises :class:`NonFiniteError` (before anything is sent) if the tensor holds NaN or +-Inf.
+    """
+    blocks = -(-flat.numel() // block_size)
+    peak = torch.empty(blocks, dtype=flat.dtype, device=flat.device)
+    for sl, view in _parts(flat, block_size):
+        torch.maximum(view.amax(dim=1), view.amin(dim=1).neg_(), out=peak[sl])  # max |x|; NaN propagates
+    if blocks and not bool(torch.isfinite(peak).all()):
+        bad = int((~torch.isfinite(flat)).sum())
+        raise NonFiniteError(f"input holds {bad} non-finite value(s); nothing was sent")
+    e = torch.frexp(peak.to(torch.float64)).exponent.to(torch.int32)
+    return torch.where(peak == 0, torch.full_like(e, EMPTY_EXPONENT), e)
+
+
+def _pow2(shift: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Exact 2**shift in ``dtype`` (float32: shift in [-126, 127]; float64: [-1022, 1023])."""
+    if dtype == torch.float64:
+        return ((shift.to(torch.int64) + 1023) << 52).view(torch.float64)
+    return ((shift.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size: int,
+             mask: torch.Tensor | None = None) -> torch.Tensor:
+    """int32 grid words of every element of the blocks (all, or those flagged in ``mask``)."""
+    work = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    lo, hi = (-1022, 1023) if work == torch.float64 else (-126, 127)
+    p = precision_bits(world_size)
+    limit = float(2**p - 1) if work == torch.float64 or p <= 24 else float(2**p - 2 ** (p - 24))
+    if mask is None:
+        out = torch.empty(flat.numel(), dtype=torch.int32, device=flat.device)
+    else:
+        per_block = torch.full((exps.numel(),), block_size, dtype=torch.int64, device=flat.device)
+        per_block[-1] = flat.numel() - (exps.numel() - 1) * block_size
+        out = torch.empty(int(per_block[mask].sum()), dtype=torch.int32, device=flat.device)
+    at = 0
+    for sl, view in _parts(flat, block_size):
+        e = exps[sl]
+        if mask is not None:
+            keep = torch.nonzero(mask[sl]).squeeze(1)
+            view, e = view.index_select(0, keep), e.index_select(0, keep)
+        shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), p - e).to(torch.int64)
+        first = shift.clamp(lo, hi)
+        x = view.to(work) * _pow2(first, work).unsqueeze(1)
+        rest = shift - first
+        if bool((rest != 0).any()):
+            x.mul_(_pow2(rest.clamp(lo, hi), work).unsqueeze(1))
+        n = x.numel()
+        out[at:at + n].view_as(x).copy_(x.round_().clamp_(-limit, limit))  # exact: integers below 2**31
+        at += n
+    return out
+
+
+def dequantize_into(out: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, world_size: int, block_size: int) -> None:
+    """Write the decoded values of the flat int32 ``sums`` (every element) into flat ``out``.
+
+    float32 output whose every block has ``E - P >= -126`` (all results normal or zero) takes a
+    float32 path: int32 -> float32 rounds once (to nearest even) and the power-of-two scaling is
+    exact, which is the same single rounding as the float64 path; other cases use float64.
+    """
+    p = precision_bits(world_size)
+    e = exps.to(torch.int64)
+    shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - p)
+    fast = out.dtype == torch.float32 and (shift.numel() == 0 or -126 <= int(shift.min()) <= int(shift.max()) <= 127)
+    for (sl, dst), (_, src) in zip(_parts(out, block_size), _parts(sums, block_size), strict=True):
+        if fast:
+            dst.copy_(src)
+            dst.mul_(_pow2(shift[sl], torch.float32).unsqueeze(1))
+            continue
+        first = shift[sl].clamp(-1000, 1000)
+        x = src.to(torch.float64) * _pow2(first, torch.float64).unsqueeze(1)
+        rest = shift[sl] - first
+        if bool((rest != 0).any()):
+            x.mul_(_pow2(rest.clamp(-1000, 1000), torch.float64).unsqueeze(1))
+        dst.copy_(x)

@@ -20,9 +20,7 @@ imported; otherwise torch's ``torch.backends`` entry point registers it when tor
 
 from __future__ import annotations
 
-import importlib
 import sys
-from typing import Any
 
 from ._config import SCHEMES, CodecConfig
 from ._errors import (
@@ -36,6 +34,8 @@ from ._errors import (
     TransportError,
     WireFormatError,
 )
+
+from ._lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -72,17 +72,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _LAZY, __all__)
 
 
 if "torch" in sys.modules:  # cheap then: registers "homagg" with torch.distributed

@@ -21,6 +21,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("udp", "raw"), default="udp", help="udp socket, or raw AF_PACKET ports")
     p.add_argument("--iface", action="append", default=[], help="raw backend: interface to serve (repeatable)")
     p.add_argument("--slots", type=int, default=4096, help="slot pool size")
+    p.add_argument("--no-multicast", action="store_true",
+                   help="udp backend: never send results to a job's multicast group (default: on loopback)")
     p.add_argument("--jobs", help="JSON/TOML file of jobs to admit at start")
     p.add_argument("--drop", type=float, default=0.0, help="fault injection: drop rate (ingress and egress)")
     p.add_argument("--duplicate", type=float, default=0.0, help="fault injection: duplicate rate")
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "udp":
         from .io_udp import UdpBackend
 
-        backend: object = UdpBackend(parse_addr(args.listen))
+        backend: object = UdpBackend(parse_addr(args.listen), multicast=not args.no_multicast)
     else:
         from .io_raw import RawBackend
 

@@ -69,6 +69,7 @@ class AdmissionTable:
             if old is not None and old != addr:
                 self.by_src.pop(old, None)
             job.addrs[worker_id] = addr
+            job.subscribed &= ~(1 << worker_id)  # a new socket has not joined the group (yet)
             job.spec = job.spec.with_worker(WorkerAddr(worker_id, addr[0], addr[1]))
             self.by_src[addr] = (job, worker_id)
             job.last_seen = time.monotonic()

@@ -3,6 +3,8 @@
 The loop drains the socket without blocking (no poll per datagram while busy), flushes the fault
 injector's held datagram and runs housekeeping when idle, and blocks in ``select`` with a short
 timeout otherwise.  Receive/send buffers are enlarged (``SO_RCVBUFFORCE`` when permitted).
+Bound to a loopback address, the backend can also send results to a job's IP multicast group
+(:mod:`homagg.transport._sockets`); ``multicast=False`` turns that off.
 """
 
 from __future__ import annotations
@@ -12,24 +14,11 @@ import socket
 import threading
 import time
 
+from homagg.transport._sockets import BUFFER_BYTES, enable_multicast_send, multicast_group, set_buffers
+
 from .switch import Switch
 
-__all__ = ["UdpBackend", "set_buffers"]
-
-BUFFER_BYTES = 32 << 20
-
-
-def set_buffers(sock: socket.socket, nbytes: int = BUFFER_BYTES) -> None:
-    """Best-effort large socket buffers (FORCE variants need CAP_NET_ADMIN; fall back silently)."""
-    for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF),
-                         (getattr(socket, "SO_SNDBUFFORCE", 32), socket.SO_SNDBUF)):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, force, nbytes)
-        except OSError:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, plain, nbytes)
-            except OSError:
-                pass
+__all__ = ["UdpBackend", "set_buffers", "BUFFER_BYTES"]
 
 
 class UdpBackend:
@@ -37,14 +26,19 @@ class UdpBackend:
 
     name = "udp"
 
-    def __init__(self, listen: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+    def __init__(self, listen: tuple[str, int] = ("127.0.0.1", 0), multicast: bool = True) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         set_buffers(self.sock)
         self.sock.bind(listen)
         self.sock.setblocking(False)
         self.addr: tuple[str, int] = self.sock.getsockname()
+        self.multicast = multicast and enable_multicast_send(self.sock, self.addr[0])
         self._stop = threading.Event()
         self._sendto = self.sock.sendto
+
+    def group_for(self, job_id: int) -> tuple[str, int]:
+        """The result multicast group of ``job_id`` on this backend."""
+        return multicast_group(job_id, self.addr[1])
 
     def send(self, dgram: memoryview, addr: tuple[str, int]) -> None:
         try:
@@ -61,6 +55,7 @@ class UdpBackend:
     def serve(self, switch: Switch) -> None:
         switch.data_addr = self.addr
         switch.backend = self.name
+        switch.group_for = self.group_for if self.multicast else None
         buf = bytearray(65536)
         recv = self.sock.recvfrom_into
         sock = self.sock

@@ -1,9 +1,11 @@
 """Stage 6, result replication (P4: ``Replicate``: multicast group per job, unicast for answers).
 
-A completed (slot, bank) is sent to every worker of the job (UDP mode: one unicast per worker);
-a retransmission from a worker already counted in a completed bank is answered to that worker
-alone from the stored registers (the shadow copy).  Results carry ``FLAG_RESULT``, the
-recipient's ``worker_id`` and the echoed slot, bank, tag and offset.
+A completed (slot, bank) is sent to every worker of the job: one send to the job's IP multicast
+group for the workers subscribed to it (the network replicates; such copies carry ``worker_id``
+0, there is no per-copy rewrite), one unicast per other worker (recipient's ``worker_id``).  A
+retransmission from a worker already counted in a completed bank is answered to that worker alone
+by unicast from the stored registers (the shadow copy).  Results carry ``FLAG_RESULT`` and the
+echoed slot, bank, tag and offset.
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ class Replicator:
 
     def multicast(self, job: JobState, i: int) -> None:
         dgram = self._build(job, i)
+        sub = job.subscribed
+        if sub and job.group is not None:
+            self._out(dgram, 0, job.group)
         for wid, addr in enumerate(job.addrs):
-            if addr is None:
+            if addr is None or sub >> wid & 1:
                 continue
             self._out(dgram, wid, addr)
 

@@ -7,6 +7,10 @@ Index ``i = 2 * (slot - slot_base) + bank`` addresses one (slot, bank) pair.  Fo
 * ``count[i]``     contributions so far, ``0`` (never used) .. ``world_size`` (complete),
 * ``key[i]``       ``(tag, offset, op, word_count)`` of the current use (None before the first).
 
+Result multicast (UDP backend on loopback): ``group`` is the job's IP multicast group (None until
+a worker asks for it), ``subscribed`` the bitmap of workers that joined it; those receive each
+result through one send to the group, the others by unicast.
+
 A complete (slot, bank) keeps its result until a worker starts the *next* use of that bank, which
 by the self-clocking protocol happens only after every worker has received the result (SwitchML's
 shadow copy).
@@ -33,6 +37,8 @@ class JobState:
     key: list[tuple[int, int, int, int] | None] = field(init=False)
     #: worker_id -> (ip, port) of admitted workers (None until registered)
     addrs: list[tuple[str, int] | None] = field(init=False)
+    group: tuple[str, int] | None = None
+    subscribed: int = 0
     last_seen: float = field(default_factory=time.monotonic)
     packets: int = 0
     completed: int = 0

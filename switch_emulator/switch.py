@@ -8,6 +8,7 @@ than their ``idle_timeout_s`` (their slots are reclaimed).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -32,6 +33,8 @@ class Switch:
         self.faults = FaultInjector(faults or FaultConfig(), self.pipeline.process, self.counters)
         self.pipeline.replicator.egress_drop = self.faults.egress_drop
         self.data_addr: tuple[str, int] | None = None
+        #: job id -> its result multicast group; set by a backend that can send to groups
+        self.group_for: Callable[[int], tuple[str, int]] | None = None
         self.backend = "none"
         self.started = time.time()
 
@@ -81,6 +84,30 @@ class Switch:
         job = self.admission.register(int(req["job_id"]), int(req["worker_id"]), (str(req["ip"]), int(req["port"])))
         return {"job": job.spec.to_dict()}
 
+    def _cmd_group(self, req: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(req)
+        if job.group is None and self.group_for is not None:
+            job.group = self.group_for(job.job_id)
+        return {"group": None if job.group is None else list(job.group)}
+
+    def _cmd_subscribe(self, req: dict[str, Any]) -> dict[str, Any]:
+        job, wid = self._job(req), int(req["worker_id"])
+        if not 0 <= wid < job.world_size:
+            raise ConfigError(f"job {job.job_id}: worker id {wid} outside [0, {job.world_size})")
+        if not req.get("on", True):
+            job.subscribed &= ~(1 << wid)
+        elif job.group is None:
+            raise ConfigError(f"job {job.job_id} has no multicast group (ask with 'group' first)")
+        else:
+            job.subscribed |= 1 << wid
+        return {"subscribed": [w for w in range(job.world_size) if job.subscribed >> w & 1]}
+
+    def _job(self, req: dict[str, Any]) -> Any:
+        job = self.admission.jobs.get(int(req["job_id"]))
+        if job is None:
+            raise ConfigError(f"job {req['job_id']} is not admitted")
+        return job
+
     def _cmd_remove(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"removed": self.admission.remove(int(req["job_id"]))}
 
@@ -96,10 +123,7 @@ class Switch:
         }
 
     def _cmd_slot(self, req: dict[str, Any]) -> dict[str, Any]:
-        job = self.admission.jobs.get(int(req["job_id"]))
-        if job is None:
-            raise ConfigError(f"job {req['job_id']} is not admitted")
-        return job.slot_status(int(req["slot"]))
+        return self._job(req).slot_status(int(req["slot"]))
 
     def _cmd_faults(self, req: dict[str, Any]) -> dict[str, Any]:
         cfg = FaultConfig(**{k: req[k] for k in ("drop", "duplicate", "reorder", "seed") if k in req})

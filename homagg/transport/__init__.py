@@ -15,15 +15,40 @@ JSON lines over TCP), :func:`parse_addr` (``"HOST:PORT"`` -> tuple) and
 :func:`transport_error` (``_errmap``: the one mapping of transport failures to the
 :class:`~homagg.HomAggError` tree).  An emulator for tests and single-host runs:
 :func:`switch_emulator.start` (thread) and :func:`switch_emulator.spawn` (subprocess).
+
+Names load their module on first access (``from homagg.transport import ControlClient`` does not
+import torch; the emulator relies on that).
 """
 
-from ..wire import CombineOp
-from ._base import Stream, SwitchPort, combine_words, wrap_int32
-from ._control import ControlClient, parse_addr
-from ._errmap import transport_error
-from ._gloo import GlooSwitchPort
-from ._inprocess import InProcessSwitch
-from ._udp import UdpSwitchPort
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from ..wire import CombineOp
+    from ._base import Stream, SwitchPort, combine_words, wrap_int32
+    from ._control import ControlClient, parse_addr
+    from ._errmap import transport_error
+    from ._gloo import GlooSwitchPort
+    from ._inprocess import InProcessSwitch
+    from ._udp import UdpSwitchPort
+
+#: public name -> module that defines it (relative to this package)
+_LAZY = {
+    "CombineOp": "..wire",
+    "Stream": "._base",
+    "SwitchPort": "._base",
+    "combine_words": "._base",
+    "wrap_int32": "._base",
+    "InProcessSwitch": "._inprocess",
+    "UdpSwitchPort": "._udp",
+    "GlooSwitchPort": "._gloo",
+    "ControlClient": "._control",
+    "parse_addr": "._control",
+    "transport_error": "._errmap",
+}
 
 __all__ = [
     "CombineOp",
@@ -38,3 +63,6 @@ __all__ = [
     "parse_addr",
     "transport_error",
 ]
+
+
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _LAZY, __all__)

@@ -11,6 +11,10 @@ cmd                request fields                              response fields
 ``admit``          ``job``: JobSpec dict; ``job_id`` and       ``job``: the admitted JobSpec
                    ``slot_base`` may be null (switch picks)
 ``register``       ``job_id``, ``worker_id``, ``ip``, ``port``  ``job``
+``group``          ``job_id``                                  ``group``: [ip, port] of the job's
+                                                               result multicast group, or null
+``subscribe``      ``job_id``, ``worker_id``, ``on`` (bool)     ``subscribed``: worker ids that get
+                                                               results through the group
 ``remove``         ``job_id``                                  ``removed``: bool
 ``status``         -                                           ``counters``, ``jobs``, ``faults``
 ``slot``           ``job_id``, ``slot`` (absolute)             ``banks``: [{bank, bitmap, count,
@@ -22,7 +26,10 @@ cmd                request fields                              response fields
 
 Admission works with OS-picked UDP ports: admit the job with its ``world_size`` (and no
 ``workers``), then every worker binds its socket and ``register`` s its own (ip, port) before it
-sends (:class:`homagg.transport.UdpSwitchPort` does this when given ``control=``).  Packets from
+sends (:class:`homagg.transport.UdpSwitchPort` does this when given ``control=``).  Where the
+switch offers a result multicast group (``group``; the emulator on loopback), a worker that has
+joined it says so with ``subscribe`` and then receives each result through one send to the group
+(registering again unsubscribes: the new socket has not joined).  Packets from
 unregistered sources are dropped by the switch (``drop_unknown_source``).
 
 Usage::
@@ -116,6 +123,15 @@ class ControlClient:
     def register(self, job_id: int, worker_id: int, addr: tuple[str, int]) -> JobSpec:
         r = self.request("register", job_id=job_id, worker_id=worker_id, ip=addr[0], port=addr[1])
         return JobSpec.from_dict(r["job"])
+
+    def group(self, job_id: int) -> tuple[str, int] | None:
+        """The job's result multicast group, or None where the switch offers none."""
+        g = self.request("group", job_id=job_id)["group"]
+        return None if g is None else (str(g[0]), int(g[1]))
+
+    def subscribe(self, job_id: int, worker_id: int, on: bool = True) -> list[int]:
+        """Tell the switch that ``worker_id`` receives results through the group (or no longer)."""
+        return list(self.request("subscribe", job_id=job_id, worker_id=worker_id, on=on)["subscribed"])
 
     def remove(self, job_id: int) -> bool:
         return bool(self.request("remove", job_id=job_id)["removed"])

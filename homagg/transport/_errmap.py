@@ -17,15 +17,19 @@ exception is chained by the caller (``raise transport_error(exc, ...) from exc``
 
 from __future__ import annotations
 
-import torch.distributed as dist
+import sys
 
 from .._errors import HomAggError, SwitchTimeoutError, TransportError
 
 __all__ = ["transport_error"]
 
-_TIMEOUTS: tuple[type[BaseException], ...] = (TimeoutError,) + (
-    (dist.DistStoreError,) if hasattr(dist, "DistStoreError") else ()
-)
+
+def _timeout_types() -> tuple[type[BaseException], ...]:
+    """TimeoutError, and torch's DistStoreError when torch.distributed is loaded (an exception of
+    that type implies it is; this module never imports torch itself)."""
+    dist = sys.modules.get("torch.distributed")
+    store_error = getattr(dist, "DistStoreError", None) if dist is not None else None
+    return (TimeoutError,) if store_error is None else (TimeoutError, store_error)
 
 
 def transport_error(exc: BaseException, what: str, *, timeout_s: float | None = None,
@@ -37,7 +41,7 @@ def transport_error(exc: BaseException, what: str, *, timeout_s: float | None = 
     """
     if isinstance(exc, HomAggError):
         return exc
-    timed_out = isinstance(exc, _TIMEOUTS) or (
+    timed_out = isinstance(exc, _timeout_types()) or (
         timeout_s is not None and waited_s is not None and waited_s >= timeout_s
     )
     detail = f"{type(exc).__name__}: {exc}"

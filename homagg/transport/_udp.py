@@ -74,14 +74,13 @@ from ..wire import (
 from ._base import Stream, SwitchPort
 from ._control import ControlClient, parse_addr
 from ._errmap import transport_error
+from ._sockets import join_group, set_buffers
 from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
 
 __all__ = ["UdpSwitchPort", "DUPTHRESH"]
 
 #: later chunks completed before an outstanding one counts as lost (tolerates reordering by < 3)
 DUPTHRESH = 3
-
-_BUF_BYTES = 32 << 20
 
 
 class UdpSwitchPort(SwitchPort):
@@ -90,7 +89,9 @@ class UdpSwitchPort(SwitchPort):
     Either pass ``job`` (a :class:`~homagg.jobs.JobSpec`, e.g. from ``ControlClient.admit``) or
     the fields ``job_id``, ``world_size``, ``slot_base``, ``n_slots``, ``words_per_packet``.
     ``control`` (HOST:PORT of the switch's control port) enables self-registration of this
-    worker's source address and missing-worker diagnostics.
+    worker's source address and missing-worker diagnostics; with ``multicast`` (default) the
+    port also joins the job's result multicast group when the switch offers one (``multicast``
+    attribute: whether it did), so that the switch sends each result once for all such workers.
     """
 
     def __init__(
@@ -111,6 +112,7 @@ class UdpSwitchPort(SwitchPort):
         rto: float = INITIAL_RTO_S,
         min_rto: float = MIN_RTO_S,
         max_rto: float = MAX_RTO_S,
+        multicast: bool = True,
     ) -> None:
         if job is None:
             if job_id is None or world_size is None:
@@ -128,12 +130,8 @@ class UdpSwitchPort(SwitchPort):
         self.rtt = RtoEstimator(rto, min_rto, max_rto)
         self._ctl = ControlClient(control, timeout=min(timeout, 10.0)) if control is not None else None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for opt in (getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF):
-            try:
-                self.sock.setsockopt(socket.SOL_SOCKET, opt, _BUF_BYTES)
-                break
-            except OSError:
-                continue
+        self.msock: socket.socket | None = None  # the result group's socket, when subscribed
+        set_buffers(self.sock, send=False)
         if bind is not None:
             self.sock.bind(bind)
         self.sock.connect(self.switch_addr)  # picks the local address; only the switch's datagrams arrive
@@ -153,9 +151,33 @@ class UdpSwitchPort(SwitchPort):
         if self._ctl is not None and register:
             try:
                 self._ctl.register(job.job_id, rank, self.local_addr)
+                if multicast:
+                    self.msock = self._join_results_group(self._ctl)
             except BaseException:
                 self.close()
                 raise
+        self.multicast = self.msock is not None
+        self.stats["multicast"] = int(self.multicast)
+
+    def _join_results_group(self, ctl: ControlClient) -> socket.socket | None:
+        """Join the job's result group and subscribe; None (unicast results) where the switch
+        offers no group or joining fails."""
+        try:
+            group = ctl.group(self.job.job_id)
+        except ConfigError:  # a switch without result groups (e.g. the BMv2 controller)
+            return None
+        if group is None:
+            return None
+        try:
+            msock = join_group(group, self.local_addr[0])
+        except OSError:
+            return None
+        try:
+            ctl.subscribe(self.job.job_id, self.rank)
+        except BaseException:
+            msock.close()
+            raise
+        return msock
 
     # ------------------------------------------------------------------------------------------
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
@@ -233,55 +255,57 @@ class UdpSwitchPort(SwitchPort):
         last_progress = now
         next_scan = now + est.rto
         rbuf = self._rbuf
-        recv_into = sock.recv_into
+        recvs = [sock.recv_into] + ([self.msock.recv_into] if self.msock is not None else [])
+        waits = [sock] + ([self.msock] if self.msock is not None else [])
         while done < total:
             got = 0
-            try:
-                while True:
-                    n = recv_into(rbuf)
-                    if n < HEADER_LEN:
-                        self.stats["ignored"] += 1
-                        continue
-                    ver, _op, flags, rjob, _w, wc, bank, slot, tag, off, _r = unpack_header(rbuf)
-                    s = slot - base
-                    if not (flags & FLAG_RESULT and rjob == jid and 0 <= s < nslot and n == datagram_len(wc)
-                            and ver == VERSION):
-                        self.stats["ignored"] += 1
-                        continue
-                    c = cur[s]
-                    g = seq0 + c
-                    j, coff, cwc, _op = chunks[c]
-                    if c < 0 or tag != g & TAG_MASK or bank != (g // nslot) & 1 or off != coff or wc != cwc:
-                        self._late_result(s, tag, bank)  # late or duplicated result of an earlier use
-                        continue
-                    outs[j][off:off + wc] = payload_view(rbuf, wc)
-                    self.stats["results"] += 1
-                    done += 1
-                    got += 1
-                    t = time.monotonic()
-                    if tries[s] == 0:  # Karn: a retransmitted chunk's RTT is ambiguous
-                        est.sample(t - sent_at[s])
-                    last_g[s], last_retx[s] = g, tries[s] > 0
-                    completed[c] = 1
-                    while low < total and completed[low]:
-                        low += 1
-                    if c - DUPTHRESH > fr_next:  # fast retransmit of chunks overtaken by later results
-                        for i in range(max(fr_next, low), c - DUPTHRESH):
-                            si = (seq0 + i) % nslot
-                            if cur[si] == i and tries[si] == 0:
-                                resend(si, t)
-                                stats["fast_retransmits"] += 1
-                        fr_next = c - DUPTHRESH
-                    nxt = c + nslot
-                    if nxt < total:
-                        put(nxt, t)
-                        self.stats["packets"] += 1
-                    else:
-                        cur[s] = -1
-            except BlockingIOError:
-                pass
-            except ConnectionRefusedError:
-                pass  # ICMP port unreachable from a switch not (yet) up: keep retrying until timeout
+            for recv_into in recvs:  # unicast socket (answers), then the result group
+                try:
+                    while True:
+                        n = recv_into(rbuf)
+                        if n < HEADER_LEN:
+                            self.stats["ignored"] += 1
+                            continue
+                        ver, _op, flags, rjob, _w, wc, bank, slot, tag, off, _r = unpack_header(rbuf)
+                        s = slot - base
+                        if not (flags & FLAG_RESULT and rjob == jid and 0 <= s < nslot and n == datagram_len(wc)
+                                and ver == VERSION):
+                            self.stats["ignored"] += 1
+                            continue
+                        c = cur[s]
+                        g = seq0 + c
+                        j, coff, cwc, _op = chunks[c]
+                        if c < 0 or tag != g & TAG_MASK or bank != (g // nslot) & 1 or off != coff or wc != cwc:
+                            self._late_result(s, tag, bank)  # late or duplicated result of an earlier use
+                            continue
+                        outs[j][off:off + wc] = payload_view(rbuf, wc)
+                        self.stats["results"] += 1
+                        done += 1
+                        got += 1
+                        t = time.monotonic()
+                        if tries[s] == 0:  # Karn: a retransmitted chunk's RTT is ambiguous
+                            est.sample(t - sent_at[s])
+                        last_g[s], last_retx[s] = g, tries[s] > 0
+                        completed[c] = 1
+                        while low < total and completed[low]:
+                            low += 1
+                        if c - DUPTHRESH > fr_next:  # fast retransmit of chunks overtaken by later results
+                            for i in range(max(fr_next, low), c - DUPTHRESH):
+                                si = (seq0 + i) % nslot
+                                if cur[si] == i and tries[si] == 0:
+                                    resend(si, t)
+                                    stats["fast_retransmits"] += 1
+                            fr_next = c - DUPTHRESH
+                        nxt = c + nslot
+                        if nxt < total:
+                            put(nxt, t)
+                            self.stats["packets"] += 1
+                        else:
+                            cur[s] = -1
+                except BlockingIOError:
+                    pass
+                except ConnectionRefusedError:
+                    pass  # ICMP port unreachable from a switch not (yet) up: keep retrying until timeout
             now = time.monotonic()
             if got:
                 last_progress = now
@@ -300,7 +324,7 @@ class UdpSwitchPort(SwitchPort):
                     self._sync_rtt_stats()
                     raise self._timeout_error(chunks, cur, seq0, streams)
             if not got:
-                select.select([sock], [], [], max(0.0, min(next_scan, last_progress + self.timeout) - now) + 1e-4)
+                select.select(waits, [], [], max(0.0, min(next_scan, last_progress + self.timeout) - now) + 1e-4)
         self._seq = seq0 + total
         self._sync_rtt_stats()
 
@@ -367,6 +391,8 @@ class UdpSwitchPort(SwitchPort):
     def close(self) -> None:
         self._spare = []
         self.sock.close()
+        if self.msock is not None:
+            self.msock.close()
         if self._ctl is not None:
             self._ctl.close()
 

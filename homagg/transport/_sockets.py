@@ -1,0 +1,74 @@
+"""UDP socket set-up shared by the worker port and the emulator: buffers and result multicast.
+
+Result multicast (one send per completed slot instead of one per worker) works wherever the
+switch and all its workers share an IP multicast domain; the emulator offers it on loopback:
+
+* group of job ``j`` on a switch whose data port is ``p``: ``(239.255.(j >> 8).(j & 255), p)``
+  (:func:`multicast_group`; distinct per job and per emulator on one host);
+* the sender (:func:`enable_multicast_send`) sets ``IP_MULTICAST_IF`` to its own address,
+  ``IP_MULTICAST_LOOP`` = 1 and TTL 1 (the datagrams never leave the host/link);
+* a worker (:func:`join_group`) binds a second socket to the group address with ``SO_REUSEADDR``
+  (several workers of one host bind the same group; each receives every datagram) and joins it
+  with ``IP_ADD_MEMBERSHIP`` on the interface of its unicast address.
+
+Invariants: every function either returns a configured socket or raises ``OSError`` having
+closed what it opened; buffer enlargement is best effort (``*BUFFORCE`` needs CAP_NET_ADMIN).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+__all__ = ["BUFFER_BYTES", "set_buffers", "multicast_group", "enable_multicast_send", "join_group"]
+
+BUFFER_BYTES = 32 << 20
+
+
+def set_buffers(sock: socket.socket, nbytes: int = BUFFER_BYTES, send: bool = True) -> None:
+    """Best-effort large receive (and send) buffers (FORCE variants first, then the plain ones)."""
+    pairs = [(getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF)]
+    if send:
+        pairs.append((getattr(socket, "SO_SNDBUFFORCE", 32), socket.SO_SNDBUF))
+    for force, plain in pairs:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, nbytes)
+        except OSError:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, plain, nbytes)
+            except OSError:
+                pass
+
+
+def multicast_group(job_id: int, port: int) -> tuple[str, int]:
+    """The result group of job ``job_id`` on a switch with data port ``port``."""
+    return (f"239.255.{(job_id >> 8) & 0xFF}.{job_id & 0xFF}", port)
+
+
+def enable_multicast_send(sock: socket.socket, local_ip: str) -> bool:
+    """Let ``sock`` (bound to ``local_ip``) send to groups, on loopback only; True if enabled."""
+    try:
+        if not ipaddress.ip_address(local_ip).is_loopback:
+            return False
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(local_ip))
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def join_group(group: tuple[str, int], local_ip: str) -> socket.socket:
+    """A non-blocking socket receiving ``group``'s datagrams on the interface of ``local_ip``."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        set_buffers(s, send=False)
+        s.bind(group)
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
+                     socket.inet_aton(group[0]) + socket.inet_aton(local_ip))
+        s.setblocking(False)
+    except BaseException:
+        s.close()
+        raise
+    return s

@@ -9,7 +9,8 @@ Both return a :class:`RunningSwitch` with ``data_addr`` (where workers send data
     with spawn(drop=0.01) as sw:             # `python -m switch_emulator` child process
         ...
 
-Use :func:`spawn` when the workers run in this process too (the emulator then has its own GIL).
+Use :func:`spawn` when the workers run in this process too (the emulator then has its own GIL);
+the ``homagg`` process group's embedded default does.
 """
 
 from __future__ import annotations
@@ -42,9 +43,14 @@ class RunningSwitch:
     _stoppers: list = field(default_factory=list, repr=False)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop serving and release the ports (idempotent)."""
+        """Stop serving and release the ports (idempotent; a child is waited for, bounded)."""
         while self._stoppers:
             self._stoppers.pop()()
+        if self.process is not None and self.process.stdin is not None:
+            try:
+                self.process.stdin.close()  # the child's --watch-stdin sees EOF and stops
+            except OSError:
+                pass
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -96,17 +102,22 @@ def spawn(
     extra_args: list[str] | None = None,
     timeout: float = 30.0,
 ) -> RunningSwitch:
-    """Start ``python -m switch_emulator`` as a child; returns once it serves (bound addresses known)."""
+    """Start ``python -m switch_emulator`` as a child; returns once it serves (bound addresses known).
+
+    The child holds the read end of a pipe whose write end only this process holds: when this
+    process exits for any reason (even SIGKILL) the child sees EOF on stdin and stops, so no
+    emulator outlives its owner.
+    """
     cmd = [sys.executable, "-m", "switch_emulator", "--listen", f"{listen[0]}:{listen[1]}",
            "--control", f"{control[0]}:{control[1]}", "--slots", str(pool_slots), "--drop", str(drop),
-           "--duplicate", str(duplicate), "--reorder", str(reorder), "--ready-json", "--quiet"]
+           "--duplicate", str(duplicate), "--reorder", str(reorder), "--ready-json", "--quiet", "--watch-stdin"]
     if seed is not None:
         cmd += ["--seed", str(seed)]
     cmd += extra_args or []
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     result: list[str] = []
     reader = threading.Thread(target=lambda: result.append(proc.stdout.readline() if proc.stdout else ""), daemon=True)
     reader.start()

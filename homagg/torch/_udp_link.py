@@ -25,13 +25,14 @@ import torch.distributed as dist
 
 from .._errors import ConfigError, TransportError
 from ._config import BackendConfig
-from ._switch_setup import SwitchLink
+from ._link import SwitchLink
 
 __all__ = ["open_udp", "emulator_host"]
 
 EMBEDDED_WORDS_PER_PACKET = 16000  # jumbo datagrams: fastest on loopback (bench ddp: 80 vs 211 ms at 2048)
 EMBEDDED_SLOTS = 16
 _CLOSE_WAIT_S = 10.0
+_START_TIMEOUT_S = 60.0
 _emulators: dict[str, list[Any]] = {}  # host -> [RunningSwitch, users]; one emulator per process
 _emulators_lock = threading.Lock()
 
@@ -44,8 +45,10 @@ def _acquire_emulator(host: str) -> Any:
         entry = _emulators.get(host)
         if entry is None:
             try:
-                entry = _emulators[host] = [switch_emulator.start(listen=(host, 0), control=(host, 0)), 0]
-            except OSError as exc:
+                # its own process (own GIL), stopped with the last group; gone if this process dies
+                emulator = switch_emulator.spawn(listen=(host, 0), control=(host, 0), timeout=_START_TIMEOUT_S)
+                entry = _emulators[host] = [emulator, 0]
+            except (OSError, TransportError) as exc:
                 raise ConfigError(f"homagg: cannot start the embedded emulator on {host}: {exc}") from exc
         entry[1] += 1
         return entry[0]

@@ -1,0 +1,91 @@
+"""The embedded emulator runs in its own process, stops with the group, and dies with its owner."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+OWNER = r"""
+import os, sys, time, torch, torch.distributed as dist
+import homagg
+dist.init_process_group("homagg", init_method="tcp://127.0.0.1:%d", rank=0, world_size=1)
+pg = dist.distributed_c10d._get_default_group()
+emu = pg.switch.emulator
+x = torch.arange(10, dtype=torch.float32)
+dist.all_reduce(x)
+print(emu.process.pid, float(x.sum()), flush=True)
+if sys.argv[1] == "hang":
+    time.sleep(600)
+dist.destroy_process_group()
+print("closed", flush=True)
+time.sleep(600 if sys.argv[1] == "linger" else 0)
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _start(mode: str) -> tuple[subprocess.Popen[str], int]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", OWNER % _free_port(), mode], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    if not line:
+        proc.kill()
+        pytest.fail(f"owner process printed nothing (exit {proc.wait(10)})")
+    pid, total = int(line[0]), float(line[1])
+    assert total == 45.0  # the all_reduce went through the emulator (one rank: the sum of its input)
+    assert pid != proc.pid and _alive(pid)  # its own process
+    return proc, pid
+
+
+def test_emulator_process_stops_with_the_group() -> None:
+    proc, pid = _start("linger")
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "closed"
+        assert _wait_gone(pid, 15), "the emulator outlived destroy_process_group"
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_no_orphan_emulator_after_the_owner_is_killed() -> None:
+    proc, pid = _start("hang")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    assert _wait_gone(pid, 15), "the emulator outlived its killed owner"

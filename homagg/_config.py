@@ -8,9 +8,10 @@ from typing import Any
 
 from ._errors import ConfigError
 
-__all__ = ["CodecConfig", "SCHEMES"]
+__all__ = ["CodecConfig", "SCHEMES", "check_scheme"]
 
-SCHEMES = ("auto", "sketch", "compact", "dense")
+#: the codec's schemes, the one definition (the CLI, the torch backend and the benchmarks import it)
+SCHEMES: tuple[str, ...] = ("auto", "sketch", "compact", "dense")
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class CodecConfig:
 
 
 def check_scheme(scheme: str) -> str:
+    """``scheme`` if it is one of :data:`SCHEMES`, else raise :class:`ConfigError`."""
     if scheme not in SCHEMES:
         raise ConfigError(f"unknown scheme {scheme!r}; choose one of {SCHEMES}")
     return scheme

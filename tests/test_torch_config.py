@@ -11,8 +11,8 @@ import pytest
 import torch.distributed as dist
 
 import homagg
+from homagg.jobs import format_addr, parse_addr
 from homagg.torch import BackendConfig, is_registered, register
-from homagg.torch._config import parse_host_port
 
 sys.path.insert(0, str(Path(__file__).parent / "_dist_scripts"))
 from _launch import entry_point_site  # noqa: E402
@@ -33,6 +33,7 @@ def test_env_then_pg_options_precedence() -> None:
     assert cfg.switch == "gloo" and cfg.scheme == "dense" and cfg.timeout == 5.0 and cfg.codec == {"block_size": 256}
     cfg = BackendConfig.resolve({"switch": "[::1]:9000", "switch_control": "h:1"}, env={})
     assert cfg.external_address == ("::1", 9000) and cfg.control_address == ("h", 1)
+    assert cfg.switch == "[::1]:9000"  # normalised, readable by parse_addr again
 
 
 @pytest.mark.parametrize(
@@ -42,6 +43,10 @@ def test_env_then_pg_options_precedence() -> None:
         {"switch": "nohostport"},
         {"switch": "h:0"},
         {"switch": "h:x"},
+        {"switch": "::1:9000"},
+        {"switch": ":9000"},
+        {"switch_control": "h:65536"},
+        {"words_per_packet": 16001},
         {"timeout": 0},
         {"timeout": "soon"},
         {"timeout": float("inf")},
@@ -65,7 +70,48 @@ def test_invalid_env_names_the_variable() -> None:
 
 def test_capped_by_group_timeout() -> None:
     assert BackendConfig(timeout=30.0).capped(10.0).timeout == 10.0
-    assert parse_host_port("a:1") == ("a", 1)
+    assert BackendConfig(timeout=5.0).capped(10.0).timeout == 5.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a:1", ("a", 1)),
+        (" 10.0.0.1:18497 ", ("10.0.0.1", 18497)),
+        ("[::1]:9000", ("::1", 9000)),
+        ("[fe80::1%eth0]:0", ("fe80::1%eth0", 0)),
+        (("h", 5), ("h", 5)),
+    ],
+)
+def test_parse_addr_accepts(text: str | tuple, expected: tuple[str, int]) -> None:
+    assert parse_addr(text) == expected
+    assert parse_addr(format_addr(expected)) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("nohostport", "expected 'HOST:PORT'"),
+        ("::1:9000", "needs brackets"),
+        ("[::1", "bracketed"),
+        ("[::1]9000", "bracketed"),
+        (":9000", "empty host"),
+        ("h:x", "not an integer"),
+        ("h:65536", "outside 0..65535"),
+        (("h", -1), "outside 0..65535"),
+    ],
+)
+def test_parse_addr_rejects_with_config_error(text: str | tuple, message: str) -> None:
+    with pytest.raises(homagg.ConfigError, match=f"^listen: .*{message}"):
+        parse_addr(text, source="listen")
+
+
+def test_parse_addr_default_port_and_zero_port() -> None:
+    assert parse_addr("h", default_port=7) == ("h", 7)
+    assert parse_addr("[::1]", default_port=7) == ("::1", 7)
+    assert parse_addr("h:0") == ("h", 0)
+    with pytest.raises(homagg.ConfigError, match="outside 1..65535"):
+        parse_addr("h:0", zero_port=False)
 
 
 def test_register_is_idempotent() -> None:

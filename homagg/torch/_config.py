@@ -22,7 +22,8 @@ group is created; an invalid value raises :class:`~homagg.ConfigError` naming th
                                                   publishes (default: the rendezvous host if it
                                                   is local, else 127.0.0.1)
 ``words_per_packet`` ``HOMAGG_WORDS_PER_PACKET``  payload words per datagram (default: 16000 for
-                                                  the embedded emulator, 32 for external ones)
+                                                  the embedded emulator, 32 for external ones:
+                                                  :data:`homagg.jobs.EMULATOR` / :data:`~homagg.jobs.P4`)
 ``slots``           ``HOMAGG_SLOTS``              switch slots of the group's job = send window
                                                   in packets (default: 16 embedded, 64 external)
 ``codec``           (none)                        dict of extra keyword options for
@@ -41,11 +42,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .._config import SCHEMES
 from .._errors import ConfigError
+from ..jobs import format_addr, parse_addr
+from ..wire import MAX_SLOTS, MAX_WORDS_JUMBO
 
-__all__ = ["BackendConfig", "SCHEMES", "ENV_VARS", "parse_host_port"]
+__all__ = ["BackendConfig", "ENV_VARS"]
 
-SCHEMES: tuple[str, ...] = ("auto", "sketch", "compact", "dense")
 ENV_VARS: dict[str, str] = {
     "switch": "HOMAGG_SWITCH",
     "scheme": "HOMAGG_SCHEME",
@@ -58,20 +61,10 @@ ENV_VARS: dict[str, str] = {
 DEFAULT_TIMEOUT_S = 30.0
 
 
-def parse_host_port(text: str, *, source: str = "switch") -> tuple[str, int]:
-    """Split ``host:port`` (``[v6]:port`` for IPv6) and validate the port range."""
-    host, sep, port_text = text.strip().rpartition(":")
-    if not sep or not host or not port_text:
-        raise ConfigError(f"{source}: expected 'embedded', 'gloo' or 'host:port', got {text!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ConfigError(f"{source}: port {port_text!r} in {text!r} is not an integer") from None
-    if not 0 < port < 65536:
-        raise ConfigError(f"{source}: port {port} in {text!r} outside 1..65535")
-    return host, port
+def _switch_address(text: str, *, source: str = "switch") -> tuple[str, int]:
+    """A switch's ``host:port`` (``[v6]:port``) through :func:`homagg.jobs.parse_addr`; port 0 is
+    refused (a switch address is connected to, not bound)."""
+    return parse_addr(text, source=source, zero_port=False)
 
 
 @dataclass(frozen=True)
@@ -94,14 +87,14 @@ class BackendConfig:
 
     def __post_init__(self) -> None:
         if self.switch not in ("embedded", "gloo"):
-            parse_host_port(self.switch)
+            _switch_address(self.switch)
         if self.scheme not in SCHEMES:
             raise ConfigError(f"scheme: {self.scheme!r} is not one of {', '.join(SCHEMES)}")
         if not isinstance(self.timeout, (int, float)) or not math.isfinite(self.timeout) or self.timeout <= 0:
             raise ConfigError(f"timeout: expected a finite number of seconds > 0, got {self.timeout!r}")
         if self.switch_control is not None:
-            parse_host_port(self.switch_control, source="switch_control")
-        for key, low, high in (("words_per_packet", 1, 16000), ("slots", 1, 32768)):
+            _switch_address(self.switch_control, source="switch_control")
+        for key, low, high in (("words_per_packet", 1, MAX_WORDS_JUMBO), ("slots", 1, MAX_SLOTS)):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
                 raise ConfigError(f"{key}: expected an int in [{low}, {high}], got {value!r}")
@@ -117,13 +110,13 @@ class BackendConfig:
         if data is None:
             return None
         if self.switch_control is not None:
-            return parse_host_port(self.switch_control, source="switch_control")
+            return _switch_address(self.switch_control, source="switch_control")
         return data[0], data[1] + 1
 
     @property
     def external_address(self) -> tuple[str, int] | None:
         """``(host, port)`` of an external switch, or ``None`` for embedded/gloo."""
-        return None if self.switch in ("embedded", "gloo") else parse_host_port(self.switch)
+        return None if self.switch in ("embedded", "gloo") else _switch_address(self.switch)
 
     def capped(self, group_timeout_s: float) -> BackendConfig:
         """This config with ``timeout`` no larger than the process group's own timeout."""
@@ -179,14 +172,12 @@ def _convert(key: str, value: Any, *, source: str) -> Any:
         raise ConfigError(f"{source}: expected a string, got {type(value).__name__}")
     value = value.strip()
     if key == "switch_control":
-        host, port = parse_host_port(value, source=source)
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return format_addr(_switch_address(value, source=source))
     if key == "switch":
         low = value.lower()
         if low in ("embedded", "gloo"):
             return low
-        host, port = parse_host_port(value, source=source)
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return format_addr(_switch_address(value, source=source))
     if key == "scheme":
         low = value.lower()
         if low not in SCHEMES:

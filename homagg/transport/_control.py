@@ -38,6 +38,8 @@ Usage::
     job = ctl.admit(world_size=4, n_slots=64, words_per_packet=2048)   # -> JobSpec
     ...                                                                # workers register + run
     ctl.remove(job.job_id)                                             # slots reclaimed
+
+:func:`parse_addr` (re-exported here) is :func:`homagg.jobs.parse_addr`, the one address parser.
 """
 
 from __future__ import annotations
@@ -47,26 +49,10 @@ import socket
 from typing import Any
 
 from .._errors import ConfigError
-from ..jobs import JobSpec
-from ..wire import P4_WORDS
+from ..jobs import P4, JobSpec, parse_addr
 from ._errmap import transport_error
 
 __all__ = ["ControlClient", "parse_addr"]
-
-
-def parse_addr(text: str | tuple[str, int], default_port: int | None = None) -> tuple[str, int]:
-    """``"HOST:PORT"`` (or a tuple) -> ``(host, port)``."""
-    if isinstance(text, tuple):
-        return (str(text[0]), int(text[1]))
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        if default_port is None:
-            raise ConfigError(f"address {text!r} is not HOST:PORT")
-        return (text, default_port)
-    try:
-        return (host or "127.0.0.1", int(port))
-    except ValueError as exc:
-        raise ConfigError(f"address {text!r} is not HOST:PORT") from exc
 
 
 class ControlClient:
@@ -110,8 +96,8 @@ class ControlClient:
         *,
         job_id: int | None = None,
         slot_base: int | None = None,
-        n_slots: int = 64,
-        words_per_packet: int = P4_WORDS,
+        n_slots: int = P4.n_slots,
+        words_per_packet: int = P4.words_per_packet,
         workers: list[dict[str, Any]] | None = None,
         idle_timeout_s: float | None = None,
     ) -> JobSpec:

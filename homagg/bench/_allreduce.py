@@ -1,0 +1,273 @@
+"""``homagg bench allreduce``: ``dist.all_reduce`` through the homagg backend vs gloo, on loopback.
+
+Sweeps world size x (gloo, then every homagg scheme) x numel x density (each axis a comma list or
+one value).  For each world size and backend/scheme, ``world`` rank processes are started on
+127.0.0.1 (:func:`homagg.bench._ranks.launch_ranks`; with ``--isolate``, once per configuration
+instead) and run :mod:`homagg.bench._allreduce_rank`: per configuration one warm-up and
+``--repeats`` timed calls, each after a barrier.  A repeat's time is the slowest rank's; the record
+holds the median over repeats, the homagg group's rounds and bytes per call (``pg.stats``), the
+UDP port's retransmissions per call (summed over ranks), and ``exact``: every rank's result equals
+rank 0's bit for bit and lies within the documented bound of the float64 sum.
+
+Output: JSON records (``--json``, and ``records.json`` in ``--out``), ``table.md`` (also printed)
+and ``speedup.png`` (speedup vs density, one panel per (numel, world)).  Exit status 1 if a homagg
+result was not exact; a failed or hung rank raises :class:`~homagg.HomAggError` naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .._errors import HomAggError
+from ._ranks import launch_ranks
+
+__all__ = ["configure_parser", "run", "FULL", "QUICK", "RECORD_FIELDS", "markdown_table"]
+
+SCHEMES = ("auto", "sketch", "compact", "dense")
+#: sweep defaults: world sizes, numels, densities, schemes, repeats
+FULL: dict[str, Any] = {"world": [2, 4, 8], "numel": [1_000_000, 25_000_000],
+                        "density": [1e-4, 1e-3, 1e-2, 0.1, 1.0], "schemes": list(SCHEMES), "repeats": 5}
+QUICK: dict[str, Any] = {"world": [2, 4], "numel": [1_000_000], "density": [1e-3, 1e-2, 1.0],
+                         "schemes": ["auto", "dense"], "repeats": 3}
+#: every record's fields and their JSON types (None: the field may be null)
+RECORD_FIELDS: dict[str, tuple[type, ...]] = {
+    "backend": (str,), "scheme": (str, type(None)), "numel": (int,), "density": (float,), "world": (int,),
+    "median_s": (float,), "rounds_per_allreduce": (float, type(None)), "bytes_per_worker": (float,),
+    "speedup_vs_gloo": (float, type(None)), "retransmits": (float, type(None)), "exact": (bool,),
+    "max_abs_err": (float,), "times_s": (list,), "repeats": (int,), "load_avg": (list,), "machine": (dict,),
+}
+
+
+def _ints(text: str) -> list[int]:
+    """``"1M,25000000,20k"`` -> ints (suffixes k and M)."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        scale = {"k": 1_000, "m": 1_000_000}.get(part[-1].lower(), 1)
+        out.append(int(float(part[:-1] if scale != 1 else part) * scale))
+    return out
+
+
+def _floats(text: str) -> list[float]:
+    return [float(p) for p in text.split(",") if p.strip()]
+
+
+def _names(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Options of ``homagg bench allreduce`` (each sweep axis: a comma list or one value)."""
+    parser.add_argument("--world", type=_ints, default=None, help="rank counts (default 2,4,8)")
+    parser.add_argument("--numel", type=_ints, default=None, help="fp32 elements (default 1M,25M)")
+    parser.add_argument("--density", type=_floats, default=None,
+                        help="fraction of nonzeros per rank (default 1e-4,1e-3,1e-2,0.1,1.0)")
+    parser.add_argument("--schemes", type=_names, default=None, help="homagg schemes (default auto,sketch,compact,dense)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per configuration (default 5)")
+    parser.add_argument("--quick", action="store_true",
+                        help="numel 1M, density 1e-3,1e-2,1.0, world 2,4, schemes auto,dense, 3 repeats")
+    parser.add_argument("--isolate", action="store_true", help="fresh rank processes for every configuration")
+    parser.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds without a finished configuration before the ranks count as hung (default 300)")
+    parser.add_argument("--out", default=None, help="folder for records.json, table.md, speedup.png "
+                                                    "(default results/bench-allreduce-<time>)")
+    parser.add_argument("--json", default=None, help="also write the JSON records here")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--_backend", default="gloo", help=argparse.SUPPRESS)
+    parser.add_argument("--_scheme", default="", help=argparse.SUPPRESS)
+
+
+def _sweep(args: argparse.Namespace) -> dict[str, Any]:
+    """Explicit options win over ``--quick``, which wins over the full defaults; validated."""
+    base = QUICK if args.quick else FULL
+    sweep = {k: getattr(args, k) if getattr(args, k) is not None else base[k] for k in FULL}
+    if not all(sweep[k] for k in ("world", "numel", "density", "schemes")):
+        raise HomAggError("bench allreduce: --world, --numel, --density and --schemes need at least one value")
+    if min(sweep["world"]) < 1 or min(sweep["numel"]) < 1 or sweep["repeats"] < 1:
+        raise HomAggError("bench allreduce: world sizes, numels and --repeats must be >= 1")
+    if not all(0.0 < d <= 1.0 for d in sweep["density"]):
+        raise HomAggError(f"bench allreduce: densities must lie in (0, 1], got {sweep['density']}")
+    bad = [s for s in sweep["schemes"] if s not in SCHEMES]
+    if bad:
+        raise HomAggError(f"bench allreduce: unknown scheme(s) {bad}; choose from {list(SCHEMES)}")
+    return sweep
+
+
+def _merge(backend: str, scheme: str | None, world: int, lines: list[dict[str, Any]],
+           machine: dict[str, Any]) -> dict[str, Any]:
+    """One record from every rank's report of one configuration (``lines[r]`` is rank r's)."""
+    first = lines[0]
+    calls = len(first["times"])
+    slowest = [max(col) for col in zip(*(ln["times"] for ln in lines))]
+    same = all(ln["digests"] == first["digests"] for ln in lines)
+    numel = int(first["numel"])
+    homagg = backend == "homagg"
+
+    def per_call(key: str, combine: Callable[[list[int]], int]) -> float | None:
+        values = [ln[key] for ln in lines]
+        return None if any(v is None for v in values) else combine(values) / calls
+
+    bytes_per = per_call("bytes", max) if homagg else 2 * (world - 1) / world * 4 * numel
+    return {"backend": backend, "scheme": scheme, "numel": numel, "density": float(first["density"]),
+            "world": world, "median_s": float(statistics.median(slowest)),
+            "rounds_per_allreduce": per_call("rounds", max) if homagg else None,
+            "bytes_per_worker": float(bytes_per if bytes_per is not None else -1.0),
+            "speedup_vs_gloo": None, "retransmits": per_call("retransmits", sum) if homagg else None,
+            "exact": bool(same and first["within_bound"]), "max_abs_err": float(first["max_abs_err"]),
+            "times_s": slowest, "repeats": calls, "load_avg": [round(v, 2) for v in first["load_avg"]],
+            "machine": machine}
+
+
+def _units(sweep: dict[str, Any], isolate: bool) -> list[tuple[int, str, str | None, list[int], list[float]]]:
+    """Launches: (world, backend, scheme, numels, densities); gloo first for every world size."""
+    out = []
+    for world in sweep["world"]:
+        for backend, scheme in [("gloo", None)] + [("homagg", s) for s in sweep["schemes"]]:
+            if isolate:
+                out += [(world, backend, scheme, [n], [d]) for n in sweep["numel"] for d in sweep["density"]]
+            else:
+                out.append((world, backend, scheme, list(sweep["numel"]), list(sweep["density"])))
+    return out
+
+
+def _measure(sweep: dict[str, Any], args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run every launch with a progress bar; return the records (speedups filled in)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    units = _units(sweep, args.isolate)
+    total = sum(len(n) * len(d) for *_, n, d in units)
+    records: list[dict[str, Any]] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task("bench allreduce", total=total)
+        for world, backend, scheme, numels, densities in units:
+            name = backend if scheme is None else f"homagg/{scheme}"
+            bar.update(task, description=f"{name} world={world}")
+            cmd = [sys.executable, "-m", "homagg", "bench", "allreduce", "--_worker", "--_backend", backend,
+                   "--_scheme", scheme or "", "--numel", ",".join(map(str, numels)),
+                   "--density", ",".join(map(repr, densities)), "--repeats", str(sweep["repeats"]),
+                   "--seed", str(args.seed), "--timeout", str(args.timeout)]
+
+            def progress(rank: int, line: str) -> None:
+                if rank == 0 and line.startswith("{"):
+                    bar.advance(task)
+
+            outs = launch_ranks(cmd, world, label=f"bench allreduce ({name}, world {world})",
+                                stall_timeout=args.timeout, on_line=progress)
+            reports = [[json.loads(ln) for ln in rank_lines if ln.startswith("{")] for rank_lines in outs]
+            if any(len(r) != len(numels) * len(densities) for r in reports):
+                raise HomAggError(f"bench allreduce ({name}, world {world}): a rank reported "
+                                  f"{[len(r) for r in reports]} configurations, expected {len(numels) * len(densities)}")
+            records += [_merge(backend, scheme, world, list(lines), machine) for lines in zip(*reports)]
+    gloo = {(r["numel"], r["density"], r["world"]): r["median_s"] for r in records if r["backend"] == "gloo"}
+    for r in records:
+        base = gloo.get((r["numel"], r["density"], r["world"]))
+        if r["backend"] == "homagg" and base is not None and r["median_s"] > 0:
+            r["speedup_vs_gloo"] = base / r["median_s"]
+    return records
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown_table(records: Sequence[dict[str, Any]]) -> str:
+    """One row per record, ordered by numel, world, density, then gloo and the schemes."""
+    order = {s: i for i, s in enumerate((None, *SCHEMES))}
+    rows = sorted(records, key=lambda r: (r["numel"], r["world"], r["density"], order.get(r["scheme"], 9)))
+    out = ["| numel | world | density | backend | median ms | x gloo | rounds/call | MB/worker | retrans/call | exact |",
+           "|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        name = r["backend"] if r["scheme"] is None else f"homagg/{r['scheme']}"
+        out.append(f"| {r['numel']:,} | {r['world']} | {r['density']:g} | {name} | {r['median_s'] * 1e3:.1f} | "
+                   f"{_fmt(r['speedup_vs_gloo'], '.2f')} | {_fmt(r['rounds_per_allreduce'], '.1f')} | "
+                   f"{r['bytes_per_worker'] / 1e6:.2f} | {_fmt(r['retransmits'], '.1f')} | "
+                   f"{'yes' if r['exact'] else 'NO'} |")
+    return "\n".join(out)
+
+
+def _plot(records: Sequence[dict[str, Any]], path: Path) -> None:
+    """speedup vs density (log x), one line per scheme, one panel per (numel, world)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    numels = sorted({r["numel"] for r in records})
+    worlds = sorted({r["world"] for r in records})
+    fig, axes = plt.subplots(len(numels), len(worlds), figsize=(4 * len(worlds), 3.2 * len(numels)),
+                             squeeze=False, sharey=True)
+    for i, numel in enumerate(numels):
+        for j, world in enumerate(worlds):
+            ax = axes[i][j]
+            here = [r for r in records if r["numel"] == numel and r["world"] == world and r["speedup_vs_gloo"]]
+            for scheme in SCHEMES:
+                pts = sorted((r["density"], r["speedup_vs_gloo"]) for r in here if r["scheme"] == scheme)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=scheme)
+            ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+            ax.set_xscale("log")
+            ax.set_title(f"numel {numel:,}, world {world}")
+            ax.set_xlabel("density")
+            if j == 0:
+                ax.set_ylabel("speedup vs gloo")
+            if here:
+                ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the sweep (or, with the hidden ``--_worker``, one rank of a launch)."""
+    if args._worker:
+        from ._allreduce_rank import rank_main
+
+        args._numels, args._densities = args.numel, args.density
+        args.repeats = args.repeats or FULL["repeats"]
+        return rank_main(args)
+    sweep = _sweep(args)
+    out_dir = Path(args.out or f"results/bench-allreduce-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    machine = _machine()
+    started = time.monotonic()
+    records = _measure(sweep, args, machine)
+    report = {"benchmark": "allreduce", "sweep": sweep, "machine": machine,
+              "wall_s": round(time.monotonic() - started, 1), "records": records}
+    text = json.dumps(report, indent=2)
+    (out_dir / "records.json").write_text(text + "\n")
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    loads = [r["load_avg"][0] for r in records]
+    header = (f"machine: {machine['platform']}, {machine['cpus']} cpus; 1-min load {min(loads):.1f}-{max(loads):.1f}; "
+              f"{sweep['repeats']} repeats, medians of the slowest rank; wall {report['wall_s']} s")
+    table = markdown_table(records)
+    (out_dir / "table.md").write_text(f"{header}\n\n{table}\n")
+    if not args.no_plot:
+        try:
+            _plot(records, out_dir / "speedup.png")
+        except ImportError:
+            print("bench allreduce: matplotlib missing (pip install 'homagg[bench]'): no plot", file=sys.stderr)
+    print(header)
+    print(table)
+    print(f"results in {out_dir}")
+    inexact = [r for r in records if r["backend"] == "homagg" and not r["exact"]]
+    if inexact:
+        print(f"bench allreduce: {len(inexact)} homagg result(s) NOT exact", file=sys.stderr)
+        return 1
+    return 0

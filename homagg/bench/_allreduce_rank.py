@@ -1,0 +1,162 @@
+"""What one rank of ``homagg bench allreduce`` does (started by :mod:`homagg.bench._allreduce`).
+
+A rank joins the default group of one backend (``gloo``, or ``homagg`` with one scheme through
+``pg_options``) and, for every (numel, density) it is given, times one warm-up and ``repeats``
+calls of ``dist.all_reduce`` (each after a barrier) and prints one JSON line per configuration.
+
+Inputs are generated deterministically from seeds (:func:`make_tensor`): ``density * numel``
+standard-normal nonzeros, half at positions shared by all ranks, the rest rank-specific; density 1
+is a fully dense ``randn``.  So rank 0 regenerates every rank's tensor and checks each result
+against the float64 sum with the documented bound (``homagg/_fixedpoint.py``): per element
+``|result - exact| <= W * 2**-22 * M``, ``M`` = max|x| over the element's block and all ranks.
+Every rank reports a digest of every result, so the launcher can check that all ranks got rank 0's
+result bit for bit without shipping tensors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from ._ranks import die_with_launcher
+
+__all__ = ["make_tensor", "oracle", "check_result", "rank_main"]
+
+
+def _seed(*parts: object) -> int:
+    """A 63-bit seed from a tuple of values (stable across processes and runs)."""
+    digest = hashlib.sha256("/".join(map(repr, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _distinct(numel: int, k: int, gen: torch.Generator, taken: torch.Tensor | None = None) -> torch.Tensor:
+    """``k`` distinct positions in ``[0, numel)`` not marked in ``taken`` (deterministic in ``gen``)."""
+    found = torch.empty(0, dtype=torch.int64)
+    while found.numel() < k:
+        want = k - found.numel()
+        cand = torch.randint(0, numel, (want + want // 4 + 64,), generator=gen)
+        if taken is not None:
+            cand = cand[~taken[cand]]
+        found = torch.unique(torch.cat([found, cand]))
+    return found[torch.randperm(found.numel(), generator=gen)[:k]]
+
+
+def make_tensor(numel: int, density: float, rank: int, seed: int) -> torch.Tensor:
+    """Rank ``rank``'s fp32 input: ``round(density * numel)`` nonzeros, half of them shared."""
+    gen = torch.Generator().manual_seed(_seed(seed, numel, density, "rank", rank))
+    if density >= 1.0:
+        return torch.randn(numel, generator=gen)
+    k = min(numel, round(density * numel))
+    k_shared = k // 2
+    shared = _distinct(numel, k_shared, torch.Generator().manual_seed(_seed(seed, numel, density, "shared")))
+    taken = torch.zeros(numel, dtype=torch.bool)
+    taken[shared] = True
+    own = _distinct(numel, k - k_shared, gen, taken)
+    x = torch.zeros(numel)
+    x[shared] = torch.randn(k_shared, generator=gen)
+    x[own] = torch.randn(k - k_shared, generator=gen)
+    return x
+
+
+def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    """``x`` zero-padded to whole blocks, as a (blocks, block) view."""
+    pad = -x.numel() % block
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad))
+    return x.view(-1, block)
+
+
+def oracle(numel: int, density: float, world: int, seed: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float64 exact sum of all ranks' inputs, per-block error bound ``W * 2**-22 * M``)."""
+    exact = torch.zeros(numel, dtype=torch.float64)
+    block_max = torch.zeros(-(-numel // block), dtype=torch.float64)
+    for r in range(world):
+        x = make_tensor(numel, density, r, seed)
+        exact.add_(x)
+        block_max = torch.maximum(block_max, _blocks(x.abs(), block).amax(dim=1).double())
+    return exact, world * 2.0**-22 * block_max
+
+
+def check_result(result: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor, block: int) -> tuple[bool, float]:
+    """(every element within its block's bound, max |result - exact|)."""
+    err = (result.double() - exact).abs()
+    ok = bool((_blocks(err, block) <= bound.unsqueeze(1)).all())
+    return ok, float(err.max()) if err.numel() else 0.0
+
+
+def _counters(pg: Any) -> tuple[int, int, int | None] | None:
+    """(rounds, bytes sent, retransmits or None) of a homagg group so far; None for other backends."""
+    stats = getattr(pg, "stats", None)
+    if stats is None:
+        return None
+    port_stats = getattr(pg.switch.port, "stats", None)
+    retrans = port_stats.get("retransmits") if isinstance(port_stats, dict) else None
+    return int(stats.rounds), int(stats.bytes_sent), None if retrans is None else int(retrans)
+
+
+def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, block: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    load = os.getloadavg()
+    x = make_tensor(numel, density, rank, seed)
+    exact, bound = oracle(numel, density, world, seed, block) if rank == 0 else (None, None)
+    times: list[float] = []
+    digests: list[str] = []
+    ok, max_err = True, 0.0
+    before = _counters(pg)
+    for call in range(1 + repeats):
+        if call == 1:
+            before = _counters(pg)  # stats of the timed calls only (the warm-up is call 0)
+        buf = x.clone()
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        elapsed = time.perf_counter() - t0
+        if call:
+            times.append(elapsed)
+        digests.append(hashlib.blake2b(buf.numpy()).hexdigest())
+        if exact is not None and bound is not None:
+            call_ok, call_err = check_result(buf, exact, bound, block)
+            ok, max_err = ok and call_ok, max(max_err, call_err)
+        del buf
+    after = _counters(pg)
+    out: dict[str, Any] = {"numel": numel, "density": density, "times": times, "digests": digests,
+                           "load_avg": list(load), "rounds": None, "bytes": None, "retransmits": None}
+    if before is not None and after is not None:
+        out.update(rounds=after[0] - before[0], bytes=after[1] - before[1],
+                   retransmits=None if after[2] is None or before[2] is None else after[2] - before[2])
+    if rank == 0:
+        out.update(within_bound=ok, max_abs_err=max_err)
+    return out
+
+
+def rank_main(args: argparse.Namespace) -> int:
+    """Entry point of a rank (hidden ``--_worker``): one JSON line per configuration on stdout."""
+    die_with_launcher()
+    import torch.distributed as dist
+
+    import homagg
+    import homagg.torch  # noqa: F401 - registers the backend
+
+    torch.set_num_threads(1)
+    backend = args._backend
+    options = {"scheme": args._scheme} if backend == "homagg" else None
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout), pg_options=options)
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        block = homagg.CodecConfig().block_size
+        for numel in args._numels:
+            for density in args._densities:
+                line = _one_config(pg, numel, density, args.repeats, args.seed, block)
+                print(json.dumps(line), flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0

@@ -1,4 +1,10 @@
-"""``homagg switch`` / ``python -m switch_emulator``: run the emulator, or query a running one."""
+"""``homagg switch`` / ``python -m switch_emulator``: run the emulator, or query a running one.
+
+Addresses: ``--listen HOST:PORT`` is the data address (UDP); the control address (TCP) is
+``--control HOST:PORT``, by default the listen host and the data port + 1 (port 0, "the OS picks",
+stays 0 for both).  Only :mod:`homagg.jobs`, :mod:`homagg.wire` and the control client are
+imported from homagg: the emulator starts without torch.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +15,20 @@ import signal
 import sys
 import threading
 
-from homagg.transport import ControlClient, parse_addr
+from homagg.jobs import SWITCH_POOL_SLOTS, parse_addr
+from homagg.transport import ControlClient
 from homagg.wire import HOMAGG_UDP_PORT
 
-__all__ = ["configure_parser", "run"]
+__all__ = ["configure_parser", "run", "addresses"]
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=f"127.0.0.1:{HOMAGG_UDP_PORT}", help="data address HOST:PORT (UDP backend)")
-    p.add_argument("--control", default=f"127.0.0.1:{HOMAGG_UDP_PORT + 1}", help="control address HOST:PORT (TCP)")
+    p.add_argument("--control", default=None,
+                   help="control address HOST:PORT (TCP; default: the --listen host, data port + 1)")
     p.add_argument("--backend", choices=("udp", "raw"), default="udp", help="udp socket, or raw AF_PACKET ports")
     p.add_argument("--iface", action="append", default=[], help="raw backend: interface to serve (repeatable)")
-    p.add_argument("--slots", type=int, default=4096, help="slot pool size")
+    p.add_argument("--slots", type=int, default=SWITCH_POOL_SLOTS, help=f"slot pool size (default {SWITCH_POOL_SLOTS})")
     p.add_argument("--no-multicast", action="store_true",
                    help="udp backend: never send results to a job's multicast group (default: on loopback)")
     p.add_argument("--jobs", help="JSON/TOML file of jobs to admit at start")
@@ -35,9 +43,20 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="stop when stdin reaches EOF (the parent process that holds the pipe is gone)")
 
 
+def addresses(listen: str, control: str | None) -> tuple[tuple[str, int], tuple[str, int]]:
+    """``(data, control)`` addresses of ``--listen`` / ``--control``; see the module docstring."""
+    data = parse_addr(listen, source="--listen")
+    if control is not None:
+        return data, parse_addr(control, source="--control")
+    if data[1] == 0:
+        return data, data
+    return data, parse_addr((data[0], data[1] + 1), source="--listen port + 1 (give --control)")
+
+
 def run(args: argparse.Namespace) -> int:
+    data, control = addresses(args.listen, args.control)
     if args.status:
-        with ControlClient(parse_addr(args.control)) as ctl:
+        with ControlClient(control) as ctl:
             print(json.dumps(ctl.status(), indent=2))
         return 0
     from homagg.jobs import load_jobs
@@ -50,16 +69,16 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "udp":
         from .io_udp import UdpBackend
 
-        backend: object = UdpBackend(parse_addr(args.listen), multicast=not args.no_multicast)
+        backend: object = UdpBackend(data, multicast=not args.no_multicast)
     else:
         from .io_raw import RawBackend
 
-        backend = RawBackend(args.iface, udp_port=parse_addr(args.listen)[1])
+        backend = RawBackend(args.iface, udp_port=data[1])
     sw = Switch(backend.send, pool_slots=args.slots, faults=faults)  # type: ignore[attr-defined]
     sw.data_addr = backend.addr  # type: ignore[attr-defined]
     for spec in load_jobs(args.jobs) if args.jobs else []:
         sw.admission.admit(spec)
-    ctl = ControlServer(sw, parse_addr(args.control)).start()
+    ctl = ControlServer(sw, control).start()
     stop = threading.Event()
 
     def _term(signum: int, frame: object) -> None:

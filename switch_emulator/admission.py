@@ -12,7 +12,7 @@ import threading
 import time
 
 from homagg._errors import ConfigError
-from homagg.jobs import JobSpec, WorkerAddr
+from homagg.jobs import SWITCH_POOL_SLOTS, JobSpec, WorkerAddr
 
 from .state import JobState
 
@@ -27,7 +27,7 @@ class AdmissionTable:
     Reads (:meth:`lookup`) are lock-free dict gets on the data path; mutations hold a lock.
     """
 
-    def __init__(self, pool_slots: int = 4096) -> None:
+    def __init__(self, pool_slots: int = SWITCH_POOL_SLOTS) -> None:
         self.pool_slots = pool_slots
         self.jobs: dict[int, JobState] = {}
         self.by_src: dict[Addr, tuple[JobState, int]] = {}

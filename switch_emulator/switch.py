@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from homagg._errors import ConfigError, HomAggError
-from homagg.jobs import JobSpec
+from homagg.jobs import SWITCH_POOL_SLOTS, JobSpec
 from homagg.wire import VERSION
 
 from .admission import AdmissionTable
@@ -26,7 +26,7 @@ __all__ = ["Switch"]
 
 
 class Switch:
-    def __init__(self, send: SendFn, *, pool_slots: int = 4096, faults: FaultConfig | None = None) -> None:
+    def __init__(self, send: SendFn, *, pool_slots: int = SWITCH_POOL_SLOTS, faults: FaultConfig | None = None) -> None:
         self.counters = Counters()
         self.admission = AdmissionTable(pool_slots)
         self.pipeline = Pipeline(self.admission, send, self.counters)

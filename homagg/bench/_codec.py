@@ -126,6 +126,7 @@ def measure(numel: int, density: float, workers: int, schemes: list[str], repeat
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
 
     if args.threads:
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     records = measure(args.numel, args.density, args.workers, schemes, args.repeats, args.overlap, args.device)
     table = Table(title=f"codec: {args.numel:,} elements, density {args.density}, {args.workers} workers (medians of {args.repeats})")
     for col in ("scheme", "encode ms", "decode ms", "bytes/worker", "x dense", "rounds", "(enc+dec)/add"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
     for r in records:
         table.add_row(
             f"{r['scheme']} ({r['resolved']})" if r["scheme"] == "auto" else r["scheme"],
@@ -145,7 +146,10 @@ def run(args: argparse.Namespace) -> int:
             str(r["rounds"]),
             f"{r['ratio_to_add']:.2f}",
         )
-    Console().print(table)
+    console = Console()
+    # never cut or wrap the table (a pipe or a narrow terminal reports 80 columns): widen to fit
+    console.width = max(console.width, Measurement.get(console, console.options.update_width(1 << 12), table).maximum)
+    console.print(table)
     if args.json:
         args.json.write_text(json.dumps(records, indent=2))
     return 0

@@ -22,11 +22,12 @@ _CTX: Any = None
 
 
 def context() -> Any:
-    """The shared forkserver context (preloads torch and homagg)."""
+    """The shared forkserver context (preloads torch, the codec and the UDP port; homagg.transport
+    itself imports its ports lazily)."""
     global _CTX
     if _CTX is None:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "numpy", "homagg", "homagg.transport"])
+        ctx.set_forkserver_preload(["torch", "numpy", "homagg", "homagg._protocol", "homagg.transport._udp"])
         _CTX = ctx
     return _CTX
 

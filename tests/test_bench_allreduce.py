@@ -1,0 +1,110 @@
+"""``homagg bench allreduce`` at CI size: well-formed records, exact homagg results, fewer bytes.
+
+No timing assertions (the machine is shared); one tiny sweep runs through the command's entry
+point, then the launcher's failure paths are checked with small stand-in rank commands.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from homagg import HomAggError
+from homagg.bench._allreduce import RECORD_FIELDS, markdown_table
+from homagg.bench._allreduce_rank import check_result, make_tensor, oracle
+from homagg.bench._ranks import launch_ranks
+from homagg.cli import main
+
+_cache: dict[str, Any] = {}
+
+
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if "report" not in _cache:
+        out = tmp_path_factory.mktemp("bench-allreduce")
+        argv = ["bench", "allreduce", "--numel", "20000", "--density", "0.01,1.0", "--world", "2",
+                "--schemes", "auto,dense", "--repeats", "1", "--out", str(out), "--json", str(out / "copy.json")]
+        assert main(argv) == 0
+        _cache["out"] = out
+        _cache["report"] = json.loads((out / "records.json").read_text())
+    return _cache
+
+
+def test_records_well_formed(tmp_path_factory: pytest.TempPathFactory) -> None:
+    run = tiny_run(tmp_path_factory)
+    records = run["report"]["records"]
+    assert json.loads((run["out"] / "copy.json").read_text())["records"] == records
+    assert len(records) == 2 * 3  # 2 densities x (gloo, auto, dense)
+    for rec in records:
+        for name, types in RECORD_FIELDS.items():
+            assert name in rec, f"{name} missing in {rec}"
+            assert isinstance(rec[name], types), (name, rec)
+            assert isinstance(rec[name], bool) == (bool in types), (name, rec)  # no bools posing as ints
+        assert (rec["numel"], rec["world"], rec["repeats"]) == (20000, 2, 1)
+        assert rec["density"] in (0.01, 1.0)
+        assert len(rec["times_s"]) == 1 and rec["median_s"] > 0 and len(rec["load_avg"]) == 3
+        assert rec["machine"]["cpus"] >= 1
+        if rec["backend"] == "gloo":
+            assert rec["scheme"] is None and rec["speedup_vs_gloo"] is None
+            assert rec["rounds_per_allreduce"] is None and rec["retransmits"] is None
+            assert rec["bytes_per_worker"] == 2 * (2 - 1) / 2 * 4 * 20000
+        else:
+            assert rec["backend"] == "homagg" and rec["scheme"] in ("auto", "dense")
+            assert rec["speedup_vs_gloo"] > 0 and rec["rounds_per_allreduce"] >= 1
+            assert rec["retransmits"] is None or rec["retransmits"] >= 0
+    assert {(r["backend"], r["scheme"]) for r in records} == {("gloo", None), ("homagg", "auto"), ("homagg", "dense")}
+    table = (run["out"] / "table.md").read_text()
+    assert "homagg/auto" in table and "| gloo |" in table
+    assert (run["out"] / "speedup.png").stat().st_size > 0
+
+
+def test_homagg_exact_and_fewer_bytes_when_sparse(tmp_path_factory: pytest.TempPathFactory) -> None:
+    records = tiny_run(tmp_path_factory)["report"]["records"]
+    for rec in records:
+        if rec["backend"] == "homagg":
+            assert rec["exact"], rec
+    gloo_bytes = {r["density"]: r["bytes_per_worker"] for r in records if r["backend"] == "gloo"}
+    # the sparse schemes at density < 1 (the dense scheme sends every value, like gloo's ring at W=2)
+    sparse = [r for r in records if r["backend"] == "homagg" and r["scheme"] != "dense" and r["density"] < 1.0]
+    assert sparse
+    for rec in sparse:
+        assert rec["bytes_per_worker"] < gloo_bytes[rec["density"]], rec
+
+
+def test_inputs_deterministic_half_shared() -> None:
+    a0, a1 = make_tensor(10_000, 0.02, 0, seed=3), make_tensor(10_000, 0.02, 1, seed=3)
+    assert torch.equal(a0, make_tensor(10_000, 0.02, 0, seed=3))
+    assert int((a0 != 0).sum()) == int((a1 != 0).sum()) == 200
+    overlap = int(((a0 != 0) & (a1 != 0)).sum())
+    assert 100 <= overlap <= 110  # the 100 shared positions, + rank-specific ones that collide by chance
+    exact, bound = oracle(10_000, 0.02, 2, 3, 1024)
+    assert torch.equal(exact, a0.double() + a1.double())
+    assert check_result((a0 + a1), exact, bound, 1024)[0]
+    assert not check_result((a0 + a1) + 1e-3 * (exact != 0), exact, bound, 1024)[0]
+
+
+def test_launcher_names_failed_rank() -> None:
+    code = "import os,sys; r=int(os.environ['RANK']); print('hi', flush=True); sys.exit(5 if r == 1 else 0)"
+    with pytest.raises(HomAggError, match=r"rank 1 \(exit status 5\)"):
+        launch_ranks([sys.executable, "-c", code], 2, label="t", stall_timeout=30)
+
+
+def test_launcher_kills_hung_ranks(tmp_path: Path) -> None:
+    code = ("import os,time; from homagg.bench._ranks import die_with_launcher; die_with_launcher(); "
+            f"open(os.path.join({str(tmp_path)!r}, os.environ['RANK']), 'w').write(str(os.getpid())); "
+            "time.sleep(0 if os.environ['RANK'] == '0' else 600)")
+    with pytest.raises(HomAggError, match=r"rank\(s\) \[1\] printed nothing for 3s"):
+        launch_ranks([sys.executable, "-c", code], 2, label="t", stall_timeout=3)
+    pid = int((tmp_path / "1").read_text())
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def test_markdown_table_marks_inexact() -> None:
+    rec = {"backend": "homagg", "scheme": "sketch", "numel": 10, "density": 0.5, "world": 2, "median_s": 0.001,
+           "speedup_vs_gloo": None, "rounds_per_allreduce": 1.0, "bytes_per_worker": 40.0,
+           "retransmits": None, "exact": False}
+    assert "| NO |" in markdown_table([rec])

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["bitmap_words", "pack_positions", "unpack_positions"]
+__all__ = ["bitmap_words", "pack_positions", "unpack_positions", "popcount"]
+
+_BYTE_BITS = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int64)
 
 
 def bitmap_words(numel: int) -> int:
@@ -36,3 +38,9 @@ def unpack_positions(words: torch.Tensor) -> torch.Tensor:
     bits = (as_bytes[nz].unsqueeze(1) >> shifts) & 1
     byte_idx, bit = torch.nonzero(bits, as_tuple=True)
     return nz[byte_idx] * 8 + bit
+
+
+def popcount(words: torch.Tensor) -> int:
+    """Number of set bits of int32 bitmap words (a byte table lookup, no Python loop)."""
+    as_bytes = words.contiguous().view(torch.uint8).to(torch.int64)
+    return int(_BYTE_BITS.to(words.device)[as_bytes].sum())

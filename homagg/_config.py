@@ -22,7 +22,8 @@ class CodecConfig:
     sketch_overhead  count-sketch cells per estimated distinct nonzero (peeling needs >= ~1.222).
     sketch_cells     fixed cell count instead of the estimate (static sizing; tiny values force the
                      2-core repair path, which stays exact).
-    hll_registers    HyperLogLog registers used to estimate the union's nonzeros (power of two).
+    union_sample     elements (whole blocks, evenly strided) whose OR-ed bitmap estimates the union's
+                     size on a tensor's first call (sketch/auto); the whole tensor when smaller.
     bandwidth_gbps   link bandwidth assumed by ``auto``'s cost model.
     rtt_us           round-trip time assumed by ``auto``'s cost model.
     seed             hash seed (cells, signs, HyperLogLog).
@@ -31,7 +32,7 @@ class CodecConfig:
     block_size: int = 1024
     sketch_overhead: float = 1.4
     sketch_cells: int | None = None
-    hll_registers: int = 1024
+    union_sample: int = 1 << 20
     bandwidth_gbps: float = 10.0
     rtt_us: float = 100.0
     seed: int = 0x5EED
@@ -43,9 +44,8 @@ class CodecConfig:
             raise ConfigError(f"sketch_overhead must be >= 1.0, got {self.sketch_overhead!r}")
         if self.sketch_cells is not None and (not isinstance(self.sketch_cells, int) or self.sketch_cells < 3):
             raise ConfigError(f"sketch_cells must be an int >= 3, got {self.sketch_cells!r}")
-        r = self.hll_registers
-        if not isinstance(r, int) or r < 16 or r > 65536 or r & (r - 1):
-            raise ConfigError(f"hll_registers must be a power of two in [16, 65536], got {r!r}")
+        if not isinstance(self.union_sample, int) or self.union_sample < 1:
+            raise ConfigError(f"union_sample must be a positive int, got {self.union_sample!r}")
         if not self.bandwidth_gbps > 0 or not self.rtt_us >= 0:
             raise ConfigError(f"need bandwidth_gbps > 0 and rtt_us >= 0, got {self.bandwidth_gbps}, {self.rtt_us}")
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:

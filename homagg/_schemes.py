@@ -12,11 +12,12 @@ scheme     rounds                                           words sent per worke
 =========  ===============================================  ================================
 dense      1 exponents(MAX) ; 2 values(ADD)                 n/B + nL
 compact    1 exponents(MAX) + bitmap(OR) ; 2 values at U    n/B + n/32 + UL
-sketch     1 exponents(MAX) + union stats(MAX/ADD) ;        n/B + R + n/32 + cL   (c ~ 1.4U)
+sketch     1 exponents(MAX) + union sample(OR) + nnz(MAX/ADD); n/B + S/32 + n/32 + cL  (c ~ 1.4U)
            2 bitmap(OR) + count sketch(ADD) ;
            3 repair(ADD) only if the 2-core is non-empty    + (2-core size) L
 auto       round 1 of sketch, then the continuation with
            the lowest modelled cost (see :func:`choose`)
+           (S = min(n, union_sample): the OR of a fixed sample of blocks estimates U)
 =========  ===============================================  ================================
 
 Steady state (the :class:`~homagg.History` holds the previous call's agreed exponents ``G`` and
@@ -46,7 +47,6 @@ import torch
 
 from . import _bitmap, _sketch
 from ._config import CodecConfig, check_scheme
-from ._hashing import hll_estimate, hll_registers
 from ._history import Agreed, History
 from ._stats import WorkerStats
 from .transport import Stream
@@ -113,14 +113,20 @@ def _first_call(w: Worker, scheme: str, stats: WorkerStats) -> Protocol:
         return (yield from _dense(w, stats))
     if scheme == "compact":
         return (yield from _compact(w, stats))
-    # sketch / auto: a first round agrees exponents and estimates the union (HyperLogLog)
+    # sketch / auto: a first round agrees exponents and estimates the union (sampled bitmap)
     if scheme == "sketch" and w.cfg.sketch_cells is not None and not w.is_float:
         w.quantize(None)  # statically sized integer sketch: a single round
         return (yield from _sketch_round(w, stats, 0.0))
-    combined = yield from exchange(w.exponent_streams() + _union_stats(w), stats)
-    hll, nnz_max, nnz_sum = w.set_exponents(combined)
+    sample, scale = w.union_sample()
+    nnz = w.nnz()
+    combined = yield from exchange(w.exponent_streams() + [
+        Stream("union_sample", CombineOp.OR, sample),
+        Stream("nnz_max", CombineOp.MAX, _words([nnz], w.device)),
+        Stream("nnz_sum", CombineOp.ADD, _words([nnz & 0xFFFF, nnz >> 16], w.device)),
+    ], stats)
+    sampled, nnz_max, nnz_sum = w.set_exponents(combined)
     upper = min(w.numel, int(nnz_sum[0]) + (int(nnz_sum[1]) << 16))
-    estimate = min(max(hll_estimate(hll), float(nnz_max[0])), float(upper))
+    estimate = min(max(_bitmap.popcount(sampled) * scale, float(nnz_max[0])), float(upper))
     if scheme == "auto":
         scheme = choose(w.numel, estimate, w.limbs, w.cfg)
         if scheme == "dense":
@@ -177,23 +183,8 @@ def _compact(w: Worker, stats: WorkerStats, exponents_done: bool = False) -> Pro
     return w.result(union, sums.reshape(-1, w.limbs))
 
 
-def _hll_size(numel: int, cfg: CodecConfig) -> int:
-    """HyperLogLog registers for a tensor: about numel/32 (a bitmap's size), 16..hll_registers."""
-    return max(16, min(cfg.hll_registers, 1 << max(0, (numel // 32).bit_length() - 1)))
-
-
-def _union_stats(w: Worker) -> Round:
-    cfg = w.cfg
-    nnz = w.idx.numel()
-
-    def small(name: str, op: CombineOp, vals: list[int]) -> Stream:
-        return Stream(name, op, torch.tensor(vals, dtype=torch.int32, device=w.device))
-
-    return [
-        Stream("hll", CombineOp.MAX, hll_registers(w.idx, _hll_size(w.numel, cfg), cfg.seed)),
-        small("nnz_max", CombineOp.MAX, [nnz]),
-        small("nnz_sum", CombineOp.ADD, [nnz & 0xFFFF, nnz >> 16]),
-    ]
+def _words(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
 
 
 def _sketch_round(w: Worker, stats: WorkerStats, estimate: float, guess: torch.Tensor | None = None) -> Protocol:

@@ -18,7 +18,7 @@ from collections.abc import Generator
 
 import torch
 
-from . import _blocks, _fixedpoint, _sparse
+from . import _bitmap, _blocks, _fixedpoint, _sparse
 from ._config import CodecConfig
 from ._errors import ProtocolError
 from ._stats import WorkerStats
@@ -139,6 +139,33 @@ class Worker:
         else:
             self.exponents = fresh  # equal to the guess wherever a value lies: words stay valid
         return bad
+
+    def nnz(self) -> int:
+        """Local nonzeros (counted without building the index list when it does not exist yet)."""
+        if self._idx is None and self.flat is not None:
+            return int(torch.count_nonzero(self.flat))
+        return self.idx.numel()
+
+    def union_sample(self) -> tuple[torch.Tensor, float]:
+        """Bitmap words (combine with OR) of the local nonzeros in a fixed sample of the tensor, and
+        the factor that scales the sample's union size to the whole tensor.
+
+        The sample is the whole tensor when it has at most ``cfg.union_sample`` elements, else every
+        k-th full block (identical on every worker: it depends on numel and the options only).
+        """
+        b = self.cfg.block_size
+        full = self.numel // b
+        if self.numel <= self.cfg.union_sample or full == 0:
+            return _bitmap.pack_positions(self.idx, self.numel), 1.0
+        k = -(-full * b // self.cfg.union_sample)
+        rows = -(-full // k)  # blocks 0, k, 2k, ... below full
+        if self._idx is None and self.flat is not None:  # no index list: scan the sampled blocks only
+            pos = torch.nonzero(self.flat[: full * b].view(full, b)[::k].reshape(-1)).squeeze(1)
+        else:
+            blk = self.idx // b
+            sel = torch.nonzero((blk % k == 0) & (blk < full)).squeeze(1)
+            pos = (blk[sel] // k) * b + self.idx[sel] % b
+        return _bitmap.pack_positions(pos, rows * b), self.numel / (rows * b)
 
     # ------------------------------------------------------------------ words to send
     def values_at(self, positions: torch.Tensor) -> torch.Tensor:

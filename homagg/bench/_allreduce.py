@@ -27,12 +27,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._config import SCHEMES
 from .._errors import HomAggError
 from ._ranks import launch_ranks
 
 __all__ = ["configure_parser", "run", "FULL", "QUICK", "RECORD_FIELDS", "markdown_table"]
 
-SCHEMES = ("auto", "sketch", "compact", "dense")
 #: sweep defaults: world sizes, numels, densities, schemes, repeats
 FULL: dict[str, Any] = {"world": [2, 4, 8], "numel": [1_000_000, 25_000_000],
                         "density": [1e-4, 1e-3, 1e-2, 0.1, 1.0], "schemes": list(SCHEMES), "repeats": 5}
@@ -191,7 +191,7 @@ def markdown_table(records: Sequence[dict[str, Any]]) -> str:
         name = r["backend"] if r["scheme"] is None else f"homagg/{r['scheme']}"
         out.append(f"| {r['numel']:,} | {r['world']} | {r['density']:g} | {name} | {r['median_s'] * 1e3:.1f} | "
                    f"{_fmt(r['speedup_vs_gloo'], '.2f')} | {_fmt(r['rounds_per_allreduce'], '.1f')} | "
-                   f"{r['bytes_per_worker'] / 1e6:.2f} | {_fmt(r['retransmits'], '.1f')} | "
+                   f"{r['bytes_per_worker'] / 1e6:.3g} | {_fmt(r['retransmits'], '.1f')} | "
                    f"{'yes' if r['exact'] else 'NO'} |")
     return "\n".join(out)
 

@@ -81,6 +81,9 @@ class FakeSwitch:
             reply = bytearray(buf[:n])
             wire.set_flags(reply, wire.FLAG_RESULT)
             for delay, copies in self.script(len(self.received) - 1, h):
+                if delay == 0:  # in arrival order, as a FIFO switch answers (a timer thread could reorder)
+                    self._send(bytes(reply), src, copies)
+                    continue
                 t = threading.Timer(delay, self._send, args=(bytes(reply), src, copies))
                 t.daemon = True
                 t.start()

@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 
 from homagg._errors import TransportError
+from homagg.jobs import SWITCH_POOL_SLOTS
 
 from .control import ControlServer
 from .faults import FaultConfig
@@ -70,7 +71,7 @@ def start(
     listen: Addr = ("127.0.0.1", 0),
     control: Addr = ("127.0.0.1", 0),
     *,
-    pool_slots: int = 4096,
+    pool_slots: int = SWITCH_POOL_SLOTS,
     faults: FaultConfig | None = None,
 ) -> RunningSwitch:
     """Serve an emulator (UDP backend) from daemon threads of this process."""
@@ -94,7 +95,7 @@ def spawn(
     listen: Addr = ("127.0.0.1", 0),
     control: Addr = ("127.0.0.1", 0),
     *,
-    pool_slots: int = 4096,
+    pool_slots: int = SWITCH_POOL_SLOTS,
     drop: float = 0.0,
     duplicate: float = 0.0,
     reorder: float = 0.0,

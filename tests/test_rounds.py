@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import homagg
 from homagg.testing import check_within_bound, local_allreduce
 
-SCHEMES = ("dense", "sketch", "compact", "auto")
+SCHEMES = homagg.SCHEMES
 
 
 class Workers:

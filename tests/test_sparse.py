@@ -11,7 +11,7 @@ import torch
 import homagg
 from homagg.testing import check_within_bound, exact_sum, local_allreduce, run_local
 
-SCHEMES = ("auto", "sketch", "compact", "dense")
+SCHEMES = homagg.SCHEMES
 
 
 def coo(rows: int, width: tuple[int, ...], nnz: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

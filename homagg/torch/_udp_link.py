@@ -29,8 +29,6 @@ from ._link import SwitchLink
 
 __all__ = ["open_udp", "emulator_host"]
 
-EMBEDDED_WORDS_PER_PACKET = 16000  # jumbo datagrams: fastest on loopback (bench ddp: 80 vs 211 ms at 2048)
-EMBEDDED_SLOTS = 16
 _CLOSE_WAIT_S = 10.0
 _START_TIMEOUT_S = 60.0
 _emulators: dict[str, list[Any]] = {}  # host -> [RunningSwitch, users]; one emulator per process
@@ -106,7 +104,7 @@ def open_udp(
     store_get: Callable[[dist.Store, str, float, str], bytes],
     key: str,
 ) -> SwitchLink:
-    from ..jobs import JobSpec
+    from ..jobs import EMULATOR, P4, JobSpec
     from ..transport import ControlClient, UdpSwitchPort
 
     emulator = None
@@ -116,12 +114,12 @@ def open_udp(
             host = emulator_host(config, store)
             emulator = _acquire_emulator(host)
             data_addr, ctl_addr = tuple(emulator.data_addr), tuple(emulator.control_addr)
-            words = config.words_per_packet or EMBEDDED_WORDS_PER_PACKET
-            slots = config.slots or EMBEDDED_SLOTS
+            words = config.words_per_packet or EMULATOR.words_per_packet
+            slots = config.slots or EMULATOR.n_slots
         else:
             data_addr, ctl_addr = config.external_address, config.control_address  # type: ignore[assignment]
-            words = config.words_per_packet or 32
-            slots = config.slots or 64
+            words = config.words_per_packet or P4.words_per_packet
+            slots = config.slots or P4.n_slots
         try:
             with ControlClient(ctl_addr, timeout=min(config.timeout, 10.0)) as ctl:
                 job = ctl.admit(size, n_slots=slots, words_per_packet=words)

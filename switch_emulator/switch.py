@@ -14,6 +14,7 @@ from typing import Any
 
 from homagg._errors import ConfigError, HomAggError
 from homagg.jobs import SWITCH_POOL_SLOTS, JobSpec
+from homagg.transport._sockets import PROBE_PREFIX
 from homagg.wire import VERSION
 
 from .admission import AdmissionTable
@@ -89,6 +90,13 @@ class Switch:
         if job.group is None and self.group_for is not None:
             job.group = self.group_for(job.job_id)
         return {"group": None if job.group is None else list(job.group)}
+
+    def _cmd_probe(self, req: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(req)
+        if job.group is None:
+            raise ConfigError(f"job {job.job_id} has no multicast group (ask with 'group' first)")
+        self.pipeline.replicator.send(memoryview(PROBE_PREFIX + str(req["nonce"]).encode()), job.group)
+        return {}
 
     def _cmd_subscribe(self, req: dict[str, Any]) -> dict[str, Any]:
         job, wid = self._job(req), int(req["worker_id"])

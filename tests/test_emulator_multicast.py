@@ -100,3 +100,23 @@ def test_loopback_emulator_sends_each_result_once_to_subscribed_workers() -> Non
             for p in ports:
                 p.close()
             ctl.remove(job.job_id)
+
+
+def test_group_that_does_not_deliver_falls_back_to_unicast() -> None:
+    """A probe that never arrives (multicast not delivered on this host) leaves the worker on unicast."""
+    with switch_emulator.start() as sw:
+        assert sw.switch is not None
+        sw.switch._cmd_probe = lambda req: {}  # type: ignore[method-assign]  # the probe is "lost"
+        ctl = ControlClient(sw.control_addr)
+        job = ctl.admit(2, n_slots=2, words_per_packet=10)
+        ports = [UdpSwitchPort(sw.data_addr, job=job, rank=r, control=sw.control_addr, timeout=20) for r in range(2)]
+        try:
+            assert [p.multicast for p in ports] == [False, False]
+            assert sw.switch.admission.jobs[job.job_id].subscribed == 0
+            _rounds(ports, 2, seed=4)
+            c = ctl.status()["counters"]
+            assert c["tx"] == 2 * c["completed"] + c["retransmit_answered"]  # one unicast per worker
+        finally:
+            for p in ports:
+                p.close()
+            ctl.remove(job.job_id)

@@ -13,6 +13,8 @@ cmd                request fields                              response fields
 ``register``       ``job_id``, ``worker_id``, ``ip``, ``port``  ``job``
 ``group``          ``job_id``                                  ``group``: [ip, port] of the job's
                                                                result multicast group, or null
+``probe``          ``job_id``, ``nonce`` (str)                 - ; sends ``homagg-group-probe:<nonce>``
+                                                               to the group (delivery check)
 ``subscribe``      ``job_id``, ``worker_id``, ``on`` (bool)     ``subscribed``: worker ids that get
                                                                results through the group
 ``remove``         ``job_id``                                  ``removed``: bool
@@ -28,7 +30,7 @@ Admission works with OS-picked UDP ports: admit the job with its ``world_size`` 
 ``workers``), then every worker binds its socket and ``register`` s its own (ip, port) before it
 sends (:class:`homagg.transport.UdpSwitchPort` does this when given ``control=``).  Where the
 switch offers a result multicast group (``group``; the emulator on loopback), a worker that has
-joined it says so with ``subscribe`` and then receives each result through one send to the group
+joined it (and received a ``probe`` through it) says so with ``subscribe`` and then receives each result through one send to the group
 (registering again unsubscribes: the new socket has not joined).  Packets from
 unregistered sources are dropped by the switch (``drop_unknown_source``).
 
@@ -114,6 +116,10 @@ class ControlClient:
         """The job's result multicast group, or None where the switch offers none."""
         g = self.request("group", job_id=job_id)["group"]
         return None if g is None else (str(g[0]), int(g[1]))
+
+    def probe_group(self, job_id: int, nonce: str) -> None:
+        """Ask the switch to send ``PROBE_PREFIX + nonce`` to the job's group (delivery check)."""
+        self.request("probe", job_id=job_id, nonce=nonce)
 
     def subscribe(self, job_id: int, worker_id: int, on: bool = True) -> list[int]:
         """Tell the switch that ``worker_id`` receives results through the group (or no longer)."""

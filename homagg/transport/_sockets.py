@@ -9,7 +9,11 @@ switch and all its workers share an IP multicast domain; the emulator offers it 
   ``IP_MULTICAST_LOOP`` = 1 and TTL 1 (the datagrams never leave the host/link);
 * a worker (:func:`join_group`) binds a second socket to the group address with ``SO_REUSEADDR``
   (several workers of one host bind the same group; each receives every datagram) and joins it
-  with ``IP_ADD_MEMBERSHIP`` on the interface of its unicast address.
+  with ``IP_ADD_MEMBERSHIP`` on the interface of its unicast address;
+* :func:`join_results_group` does the whole worker side over the control client: ask for the
+  group, join, have the switch send a probe to the group and wait for it (a host whose loopback
+  does not deliver multicast would otherwise lose every result), then ``subscribe``.  Any
+  failure short of a control-channel error leaves the worker on unicast results.
 
 Invariants: every function either returns a configured socket or raises ``OSError`` having
 closed what it opened; buffer enlargement is best effort (``*BUFFORCE`` needs CAP_NET_ADMIN).
@@ -18,11 +22,20 @@ closed what it opened; buffer enlargement is best effort (``*BUFFORCE`` needs CA
 from __future__ import annotations
 
 import ipaddress
+import os
+import select
 import socket
+import time
+from typing import Any
 
-__all__ = ["BUFFER_BYTES", "set_buffers", "multicast_group", "enable_multicast_send", "join_group"]
+from .._errors import ConfigError
+
+__all__ = ["BUFFER_BYTES", "PROBE_PREFIX", "set_buffers", "multicast_group", "enable_multicast_send", "join_group",
+           "join_results_group"]
 
 BUFFER_BYTES = 32 << 20
+PROBE_PREFIX = b"homagg-group-probe:"  #: a probe datagram: this prefix + the worker's nonce (not a homagg packet)
+PROBE_WAIT_S = 1.0
 
 
 def set_buffers(sock: socket.socket, nbytes: int = BUFFER_BYTES, send: bool = True) -> None:
@@ -72,3 +85,49 @@ def join_group(group: tuple[str, int], local_ip: str) -> socket.socket:
         s.close()
         raise
     return s
+
+
+def join_results_group(ctl: Any, job_id: int, worker_id: int, local_ip: str,
+                       wait_s: float = PROBE_WAIT_S) -> socket.socket | None:
+    """Worker side of result multicast through control client ``ctl``: the joined, probed and
+    subscribed group socket, or None (results by unicast) where the switch offers no group, the
+    join fails, or the probe does not arrive within ``wait_s`` seconds."""
+    try:
+        group = ctl.group(job_id)
+    except ConfigError:  # a switch without result groups (e.g. the BMv2 controller)
+        return None
+    if group is None:
+        return None
+    try:
+        msock = join_group(group, local_ip)
+    except OSError:
+        return None
+    try:
+        nonce = os.urandom(8).hex()
+        ctl.probe_group(job_id, nonce)
+        if not _await_probe(msock, PROBE_PREFIX + nonce.encode(), wait_s):
+            msock.close()
+            return None
+        ctl.subscribe(job_id, worker_id)
+    except BaseException:
+        msock.close()
+        raise
+    return msock
+
+
+def _await_probe(sock: socket.socket, expected: bytes, wait_s: float) -> bool:
+    """Drain ``sock`` until ``expected`` arrives (True) or ``wait_s`` passes (False)."""
+    deadline = time.monotonic() + wait_s
+    buf = bytearray(len(expected) + 64)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if not select.select([sock], [], [], left)[0]:
+            continue
+        try:
+            n = sock.recv_into(buf)
+        except BlockingIOError:
+            continue
+        if bytes(buf[:n]) == expected:
+            return True

@@ -74,7 +74,7 @@ from ..wire import (
 from ._base import Stream, SwitchPort
 from ._control import ControlClient, parse_addr
 from ._errmap import transport_error
-from ._sockets import join_group, set_buffers
+from ._sockets import join_results_group, set_buffers
 from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
 
 __all__ = ["UdpSwitchPort", "DUPTHRESH"]
@@ -152,32 +152,12 @@ class UdpSwitchPort(SwitchPort):
             try:
                 self._ctl.register(job.job_id, rank, self.local_addr)
                 if multicast:
-                    self.msock = self._join_results_group(self._ctl)
+                    self.msock = join_results_group(self._ctl, job.job_id, rank, self.local_addr[0])
             except BaseException:
                 self.close()
                 raise
         self.multicast = self.msock is not None
         self.stats["multicast"] = int(self.multicast)
-
-    def _join_results_group(self, ctl: ControlClient) -> socket.socket | None:
-        """Join the job's result group and subscribe; None (unicast results) where the switch
-        offers no group or joining fails."""
-        try:
-            group = ctl.group(self.job.job_id)
-        except ConfigError:  # a switch without result groups (e.g. the BMv2 controller)
-            return None
-        if group is None:
-            return None
-        try:
-            msock = join_group(group, self.local_addr[0])
-        except OSError:
-            return None
-        try:
-            ctl.subscribe(self.job.job_id, self.rank)
-        except BaseException:
-            msock.close()
-            raise
-        return msock
 
     # ------------------------------------------------------------------------------------------
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:

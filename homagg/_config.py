@@ -26,7 +26,10 @@ class CodecConfig:
                      size on a tensor's first call (sketch/auto); the whole tensor when smaller.
     bandwidth_gbps   link bandwidth assumed by ``auto``'s cost model.
     rtt_us           round-trip time assumed by ``auto``'s cost model.
-    seed             hash seed (cells, signs, HyperLogLog).
+    seed             hash seed (cells and signs of the sketch).
+    segment          elements per pipelined segment of a large dense tensor (rounded down to a
+                     multiple of block_size; 0: never segment).  Segments stream through the
+                     switch while earlier ones encode/decode; results are bit-identical.
     """
 
     block_size: int = 1024
@@ -36,6 +39,7 @@ class CodecConfig:
     bandwidth_gbps: float = 10.0
     rtt_us: float = 100.0
     seed: int = 0x5EED
+    segment: int = 1 << 22
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -44,6 +48,8 @@ class CodecConfig:
             raise ConfigError(f"sketch_overhead must be >= 1.0, got {self.sketch_overhead!r}")
         if self.sketch_cells is not None and (not isinstance(self.sketch_cells, int) or self.sketch_cells < 3):
             raise ConfigError(f"sketch_cells must be an int >= 3, got {self.sketch_cells!r}")
+        if not isinstance(self.segment, int) or self.segment < 0:
+            raise ConfigError(f"segment must be an int >= 0, got {self.segment!r}")
         if not isinstance(self.union_sample, int) or self.union_sample < 1:
             raise ConfigError(f"union_sample must be a positive int, got {self.union_sample!r}")
         if not self.bandwidth_gbps > 0 or not self.rtt_us >= 0:

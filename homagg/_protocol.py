@@ -9,6 +9,7 @@ import torch
 
 from ._config import CodecConfig
 from ._history import History
+from ._pipeline import allreduce_segments, segment_length
 from ._schemes import protocol
 from ._stats import WorkerStats
 from .transport import SwitchPort
@@ -40,10 +41,18 @@ def allreduce(
     call with the same ``key``, numel and dtype as an earlier one skip the exponent round: dense
     and sketch then take one round (plus a rare redo/repair round), compact two.  The result is
     bit-identical with or without history.
+
+    A dense-layout tensor larger than ``segment`` elements streams through the switch in
+    segments, encoding and decoding overlapped with the transfer (:mod:`homagg._pipeline`).
     """
     cfg = config if config is not None else CodecConfig.from_options(options)
     stats = stats if stats is not None else WorkerStats()
     stats.calls += 1
+    seg = segment_length(tensor.numel(), cfg) if tensor.layout == torch.strided else 0
+    if seg:  # large dense-layout tensor: pipelined segments, written in place into ``out``
+        out = tensor if inplace and tensor.is_contiguous() else tensor.detach().contiguous().clone()
+        allreduce_segments(out.view(-1), port, scheme, cfg, stats, history, key, seg)
+        return tensor.copy_(out) if inplace and out is not tensor else out
     gen = protocol(tensor, port.world_size, scheme, cfg, stats, inplace, history, key)
     try:
         streams = next(gen)

@@ -53,7 +53,7 @@ from .transport import Stream
 from ._worker import Round, Worker, exchange
 from .wire import CombineOp
 
-__all__ = ["protocol", "choose", "Round"]
+__all__ = ["protocol", "run", "choose", "Round"]
 
 Protocol = Generator[Round, list[torch.Tensor], torch.Tensor]
 
@@ -95,8 +95,13 @@ def protocol(
     the same ``key`` (and numel, dtype, world size, block size) agreed, and records its own.
     """
     check_scheme(scheme)
-    w = Worker(tensor, world_size, cfg, inplace)
-    slot = (key, w.numel, w.dtype, world_size, cfg.block_size)
+    return (yield from run(Worker(tensor, world_size, cfg, inplace), scheme, stats, history, key))
+
+
+def run(w: Worker, scheme: str, stats: WorkerStats, history: History | None = None, key: Hashable = None) -> Protocol:
+    """The protocol of an already prepared :class:`Worker` (its input is checked: nothing is
+    sent for an input that :class:`Worker` refused)."""
+    slot = (key, w.numel, w.dtype, w.world_size, w.cfg.block_size)
     prior = history.get(slot) if history is not None else None
     if prior is None:
         flat = yield from _first_call(w, scheme, stats)

@@ -15,6 +15,8 @@ class WorkerStats:
     bytes_per_stream  payload bytes sent per stream name ("exponents", "bitmap", "values", ...)
     rounds            combine rounds (each costs one round trip through the switch)
     calls             allreduces run (``rounds / calls`` is the mean rounds per allreduce)
+    segments          pipelined segments run (a large tensor's segments each take their own
+                      rounds, overlapped; ``rounds / segments`` is then the rounds per segment)
     redos             rounds spent redoing blocks whose exponent moved since the guessed (previous) call
     redone            elements carried by those redo rounds
     repaired          elements recovered by the 2-core repair round (sketch)
@@ -25,6 +27,7 @@ class WorkerStats:
     bytes_per_stream: Counter[str] = field(default_factory=Counter)
     rounds: int = 0
     calls: int = 0
+    segments: int = 0
     redos: int = 0
     redone: int = 0
     repaired: int = 0

@@ -84,7 +84,7 @@ def _start_emulator(dep: Deployment, out: Path, job_file: Path) -> None:
 
 def _emulator_status(dep: Deployment) -> dict[str, Any]:
     sw = dep.switch_nodes[-1]
-    code = ("import json,sys;from homagg.transport.control import ControlClient;"
+    code = ("import json,sys;from homagg.transport import ControlClient;"
             f"print(json.dumps(ControlClient(('127.0.0.1',{dep.control_port})).status()))")
     out = sw.cmd(f"{sys.executable} -c \"{code}\"")
     try:

@@ -31,7 +31,10 @@ from .._config import SCHEMES
 from .._errors import HomAggError
 from ._ranks import launch_ranks
 
-__all__ = ["configure_parser", "run", "FULL", "QUICK", "RECORD_FIELDS", "markdown_table"]
+__all__ = ["configure_parser", "run", "FULL", "QUICK", "RECORD_FIELDS", "RECORD_MARK", "markdown_table"]
+
+#: prefix of a configuration's JSON report on a rank's stdout (other output may share the stream)
+RECORD_MARK = "@homagg-allreduce-record@"
 
 #: sweep defaults: world sizes, numels, densities, schemes, repeats
 FULL: dict[str, Any] = {"world": [2, 4, 8], "numel": [1_000_000, 25_000_000],
@@ -159,15 +162,18 @@ def _measure(sweep: dict[str, Any], args: argparse.Namespace, machine: dict[str,
                    "--seed", str(args.seed), "--timeout", str(args.timeout)]
 
             def progress(rank: int, line: str) -> None:
-                if rank == 0 and line.startswith("{"):
+                if rank == 0 and RECORD_MARK in line:
                     bar.advance(task)
 
             outs = launch_ranks(cmd, world, label=f"bench allreduce ({name}, world {world})",
                                 stall_timeout=args.timeout, on_line=progress)
-            reports = [[json.loads(ln) for ln in rank_lines if ln.startswith("{")] for rank_lines in outs]
-            if any(len(r) != len(numels) * len(densities) for r in reports):
-                raise HomAggError(f"bench allreduce ({name}, world {world}): a rank reported "
-                                  f"{[len(r) for r in reports]} configurations, expected {len(numels) * len(densities)}")
+            reports = [[json.loads(ln.partition(RECORD_MARK)[2]) for ln in rank_lines if RECORD_MARK in ln]
+                       for rank_lines in outs]
+            short = [r for r, rep in enumerate(reports) if len(rep) != len(numels) * len(densities)]
+            if short:
+                raise HomAggError(f"bench allreduce ({name}, world {world}): rank {short[0]} reported "
+                                  f"{len(reports[short[0]])} of {len(numels) * len(densities)} configurations; "
+                                  f"its stdout: {outs[short[0]][-20:]}")
             records += [_merge(backend, scheme, world, list(lines), machine) for lines in zip(*reports)]
     gloo = {(r["numel"], r["density"], r["world"]): r["median_s"] for r in records if r["backend"] == "gloo"}
     for r in records:

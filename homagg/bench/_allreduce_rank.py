@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ._allreduce import RECORD_MARK
 from ._ranks import die_with_launcher
 
 __all__ = ["make_tensor", "oracle", "check_result", "rank_main"]
@@ -156,7 +157,7 @@ def rank_main(args: argparse.Namespace) -> int:
         for numel in args._numels:
             for density in args._densities:
                 line = _one_config(pg, numel, density, args.repeats, args.seed, block)
-                print(json.dumps(line), flush=True)
+                print(f"\n{RECORD_MARK}{json.dumps(line)}", flush=True)
     finally:
         dist.destroy_process_group()
     return 0

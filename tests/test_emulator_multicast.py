@@ -4,6 +4,8 @@ unicast for the others and for answers to retransmissions; results stay exact.""
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -83,6 +85,21 @@ def _rounds(ports: list[UdpSwitchPort], rounds: int, seed: int) -> None:
             assert all(res[r] is not None and torch.equal(res[r][i], exp) for r in range(w))
 
 
+def _settled(ctl: ControlClient, ok: Callable[[dict[str, int]], bool]) -> dict[str, int]:
+    """Switch counters once ``ok`` holds (bounded): the emulator counts a send after it returns, so a
+    worker may hold its last result a moment before ``tx`` includes it."""
+    deadline = time.monotonic() + 10.0
+    c = ctl.status()["counters"]
+    while not ok(c) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        c = ctl.status()["counters"]
+    return c
+
+
+def _tx_ok(sends_per_result: int) -> Callable[[dict[str, int]], bool]:
+    return lambda c: c["tx"] == sends_per_result * c["completed"] + c["retransmit_answered"]
+
+
 def test_loopback_emulator_sends_each_result_once_to_subscribed_workers() -> None:
     with switch_emulator.start() as sw:
         ctl = ControlClient(sw.control_addr)
@@ -92,9 +109,9 @@ def test_loopback_emulator_sends_each_result_once_to_subscribed_workers() -> Non
         try:
             assert [p.multicast for p in ports] == [True, True, False]
             _rounds(ports, 5, seed=3)
-            c = ctl.status()["counters"]
+            c = _settled(ctl, _tx_ok(2))  # one group send + worker 2's unicast per result
             assert c["completed"] == 5 * 3 * 4  # 37 words in 4 chunks of <= 10, 3 streams
-            assert c["tx"] == 2 * c["completed"] + c["retransmit_answered"]  # group + worker 2's unicast
+            assert _tx_ok(2)(c), c
             assert sum(p.stats["results"] for p in ports) == 3 * c["completed"]
         finally:
             for p in ports:
@@ -114,8 +131,8 @@ def test_group_that_does_not_deliver_falls_back_to_unicast() -> None:
             assert [p.multicast for p in ports] == [False, False]
             assert sw.switch.admission.jobs[job.job_id].subscribed == 0
             _rounds(ports, 2, seed=4)
-            c = ctl.status()["counters"]
-            assert c["tx"] == 2 * c["completed"] + c["retransmit_answered"]  # one unicast per worker
+            c = _settled(ctl, _tx_ok(2))  # one unicast per worker and result
+            assert _tx_ok(2)(c), c
         finally:
             for p in ports:
                 p.close()

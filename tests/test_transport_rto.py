@@ -148,3 +148,15 @@ def test_lost_chunk_is_fast_retransmitted_before_the_timer() -> None:
     assert stats["rto_backoffs"] == 0 and stats["spurious_retransmits"] == 0
     resent = [h for h in received if h[2] & wire.FLAG_RETRANSMIT]
     assert [h[9] for h in resent] == [0]  # offset of chunk 0
+
+
+def test_stall_resends_only_the_oldest_chunk() -> None:
+    # a late peer: every chunk's result comes 0.6 s after its first copy, retransmissions get no
+    # answer (the switch drops them as duplicates); with a 50 ms RTO only chunk 0 is probed
+    def script(i: int, h: tuple) -> list[tuple[float, int]]:
+        return [] if h[2] & wire.FLAG_RETRANSMIT else [(0.6, 1)]
+
+    out, words, stats, received = _run(script, 40, 10, 4, rto=0.05, min_rto=0.05, max_rto=0.1)
+    assert torch.equal(out, words)
+    assert {h[9] for h in received if h[2] & wire.FLAG_RETRANSMIT} == {0}
+    assert stats["retransmits"] >= 1 and stats["fast_retransmits"] == 0

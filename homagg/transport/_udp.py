@@ -15,8 +15,9 @@ exponential backoff and a floor for a software switch (:mod:`._rto`).  Fast retr
 worker sends chunks in index order over FIFO paths, so results complete in index order; a result
 for chunk ``c`` while chunk ``i < c - DUPTHRESH`` (sent once) is still outstanding means ``i`` or
 its result was lost, and ``i`` is resent at once (no backoff; the timer stays the backstop, e.g.
-for the last chunks of a round).  Duplicated, reordered and stale results are ignored (matched on
-slot, bank, tag, offset).
+for the last chunks of a round).  When no result at all arrived for a whole RTO (a late peer or a
+stalled switch rather than losses), an expiry resends only the oldest chunk and restarts the other
+timers.  Duplicated, reordered and stale results are ignored (matched on slot, bank, tag, offset).
 
 ``stats``: ``packets`` sent (first copies), ``retransmits`` (``fast_retransmits`` of them early),
 ``spurious_retransmits``
@@ -293,10 +294,17 @@ class UdpSwitchPort(SwitchPort):
                 break
             if now >= next_scan:
                 next_scan = now + est.rto
-                for s in range(nslot):
-                    if cur[s] >= 0 and now >= deadline[s]:
+                expired = [s for s in range(nslot) if cur[s] >= 0 and now >= deadline[s]]
+                # stalled (no result for a whole RTO): a late peer or switch, or all lost -- resend only
+                # the oldest chunk as a probe and restart the others' timers (TCP resends one segment)
+                probe = min(expired, key=cur.__getitem__) if expired and now - last_progress >= est.rto else -1
+                for s in expired:
+                    if probe < 0 or s == probe:
                         est.expired(now)
                         resend(s, now)
+                    else:
+                        deadline[s] = now + est.rto
+                for s in range(nslot):
                     if cur[s] >= 0:
                         next_scan = min(next_scan, deadline[s])
                 if now - last_progress > self.timeout:

@@ -54,4 +54,5 @@ def to_coo(positions: torch.Tensor, values: torch.Tensor, like: torch.Tensor) ->
     for k in range(sparse_dim - 1, -1, -1):  # unravel, last dim fastest
         index[k] = rest % sparse_shape[k]
         rest = rest // sparse_shape[k]
-    return torch.sparse_coo_tensor(index, block.reshape(-1, *dense_shape), like.shape, is_coalesced=True)
+    return torch.sparse_coo_tensor(index, block.reshape(-1, *dense_shape), like.shape, is_coalesced=True,
+                                   check_invariants=False)  # built sorted and unique above

@@ -22,7 +22,7 @@ def coo(rows: int, width: tuple[int, ...], nnz: int, seed: int, dtype: torch.dty
     if not dtype.is_floating_point:
         vals = (vals * 1000).round()
     vals[0] = 0
-    return torch.sparse_coo_tensor(idx, vals.to(dtype), (rows, *width))
+    return torch.sparse_coo_tensor(idx, vals.to(dtype), (rows, *width), check_invariants=True)
 
 
 @pytest.mark.parametrize("width", [(), (8,), (3, 4)])

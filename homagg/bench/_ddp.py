@@ -41,6 +41,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=64, help="samples per rank and step (default 64)")
     parser.add_argument("--fields", type=int, default=8, help="embedding lookups per sample (default 8)")
     parser.add_argument("--scheme", default=None, help="HOMAGG_SCHEME for the homagg runs")
+    parser.add_argument("--sparse", action="store_true",
+                        help="nn.Embedding(sparse=True): sparse COO gradients (gloo: its sparse all_reduce)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run (default 300)")
     parser.add_argument("--out", default=None, help="also write the JSON here")
     parser.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
@@ -55,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     report: dict[str, Any] = {
         "benchmark": "ddp_step_time",
-        "model": {"vocab": args.vocab, "dim": args.dim, "fields": args.fields, "batch_per_rank": args.batch},
+        "model": {"vocab": args.vocab, "dim": args.dim, "fields": args.fields, "batch_per_rank": args.batch,
+                  "sparse": args.sparse},
         "world": args.world, "steps": args.steps, "warmup": args.warmup, "runs": args.runs,
         "machine": {"cpus": os.cpu_count(), "platform": sys.platform}, "results": {},
     }
@@ -89,6 +92,7 @@ def _one_run(args: argparse.Namespace, backend: str) -> tuple[float, dict[str, i
         env["HOMAGG_SCHEME"] = args.scheme
     forward = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--vocab", str(args.vocab),
                "--dim", str(args.dim), "--batch", str(args.batch), "--fields", str(args.fields)]
+    forward += ["--sparse"] if args.sparse else []
     cmd = [sys.executable, "-m", "homagg", "bench", "ddp", "--_worker", "--_backend", backend, *forward]
     procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -124,7 +128,7 @@ def _worker(args: argparse.Namespace) -> int:
     dist.init_process_group(args._backend)
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Embedding(args.vocab, args.dim), nn.Flatten(),
+    model = nn.Sequential(nn.Embedding(args.vocab, args.dim, sparse=args.sparse), nn.Flatten(),
                           nn.Linear(args.dim * args.fields, 64), nn.ReLU(), nn.Linear(64, 1))
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)

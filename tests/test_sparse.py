@@ -47,7 +47,7 @@ def test_multi_dim_sparse_indices() -> None:
     xs = []
     for _ in range(2):
         idx = torch.stack([torch.randint(0, 20, (30,), generator=g), torch.randint(0, 9, (30,), generator=g)])
-        xs.append(torch.sparse_coo_tensor(idx, torch.randn(30, 5, generator=g), (20, 9, 5)))
+        xs.append(torch.sparse_coo_tensor(idx, torch.randn(30, 5, generator=g), (20, 9, 5), check_invariants=True))
     out = local_allreduce(xs, "compact")[0]
     assert out.sparse_dim() == 2
     check_within_bound(out.to_dense(), [x.to_dense() for x in xs])
@@ -71,7 +71,7 @@ def test_sparse_sends_no_dense_values() -> None:
 
 
 def test_empty_and_all_zero_coo() -> None:
-    empty = [torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64), torch.zeros(0, 3), (10, 3))] * 2
+    empty = [torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64), torch.zeros(0, 3), (10, 3), check_invariants=True)] * 2
     out = local_allreduce(empty, "auto")[0]
     assert out.is_sparse and out._nnz() == 0 and out.shape == (10, 3)
 
@@ -96,6 +96,6 @@ def test_inplace_copies_into_the_sparse_input() -> None:
 
 
 def test_non_finite_sparse_value_is_refused() -> None:
-    bad = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.tensor([float("nan")]), (4,))
+    bad = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.tensor([float("nan")]), (4,), check_invariants=True)
     with pytest.raises(homagg.NonFiniteError):
         local_allreduce([bad, bad], "compact")

@@ -47,12 +47,14 @@ def cell_indices(idx: torch.Tensor, cells: int, seed: int) -> tuple[torch.Tensor
 def encode(idx: torch.Tensor, values: torch.Tensor, cells: int, seed: int) -> torch.Tensor:
     """Sketch words (cells * L, int32) of int32 ``values`` (n, L) at positions ``idx``."""
     limbs = values.shape[1]
-    acc = torch.zeros((cells, limbs), dtype=torch.int64, device=values.device)
+    acc = torch.zeros((limbs, cells), dtype=torch.int64, device=values.device)  # one row per limb
     if idx.numel():
         where, signs = cell_indices(idx, cells, seed)
-        contrib = values.to(torch.int64).unsqueeze(1) * signs.unsqueeze(2)  # (n, 3, L), |.| < 2**31
-        acc.index_add_(0, where.reshape(-1), contrib.reshape(-1, limbs))
-    return wrap_int32(acc).reshape(-1)
+        flat = where.reshape(-1)
+        for k in range(limbs):  # 1-D scatters: several times faster than a 2-D index_add on CPU
+            contrib = values[:, k].to(torch.int64).unsqueeze(1) * signs  # (n, 3), |.| < 2**31
+            acc[k].scatter_add_(0, flat, contrib.reshape(-1))
+    return wrap_int32(acc.t()).reshape(-1)
 
 
 def peel(union_idx: torch.Tensor, sketch_words: torch.Tensor, limbs: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,12 +66,12 @@ def peel(union_idx: torch.Tensor, sketch_words: torch.Tensor, limbs: int, seed: 
     device = sketch_words.device
     cells = sketch_words.numel() // limbs
     u = union_idx.numel()
-    values = torch.zeros((u, limbs), dtype=torch.int64, device=device)
+    values = torch.zeros((limbs, u), dtype=torch.int64, device=device)
     if u == 0:
-        return values.to(torch.int32), torch.zeros(0, dtype=torch.int64, device=device)
+        return values.t().to(torch.int32), torch.zeros(0, dtype=torch.int64, device=device)
     where, signs = cell_indices(union_idx, cells, seed)
     counts = torch.bincount(where.reshape(-1), minlength=cells)
-    table = sketch_words.reshape(cells, limbs).to(torch.int64)
+    table = sketch_words.reshape(cells, limbs).t().to(torch.int64)  # (L, cells): 1-D rows per limb
     remaining = torch.arange(u, device=device)
     w = where
     while remaining.numel():
@@ -83,12 +85,14 @@ def peel(union_idx: torch.Tensor, sketch_words: torch.Tensor, limbs: int, seed: 
         done_signs = signs.index_select(0, done)
         first = pure.index_select(0, sel).to(torch.int8).argmax(dim=1, keepdim=True)
         cell = done_where.gather(1, first).squeeze(1)
-        v = (table.index_select(0, cell) * done_signs.gather(1, first)) & _M32  # (p, L) value mod 2**32
-        values.index_copy_(0, done, v)
+        sign = done_signs.gather(1, first).squeeze(1)
         flat_cells = done_where.reshape(-1)
-        table.index_add_(0, flat_cells, -(v.unsqueeze(1) * done_signs.unsqueeze(2)).reshape(-1, limbs))
-        counts.index_add_(0, flat_cells, torch.full_like(flat_cells, -1))  # table stays far inside int64
+        for k in range(limbs):
+            v = (table[k].index_select(0, cell) * sign) & _M32  # the element's value mod 2**32
+            values[k].index_copy_(0, done, v)
+            table[k].scatter_add_(0, flat_cells, -(v.unsqueeze(1) * done_signs).reshape(-1))
+        counts.scatter_add_(0, flat_cells, torch.full_like(flat_cells, -1))  # table stays far inside int64
         keep = torch.nonzero(~peelable).squeeze(1)
         remaining = remaining.index_select(0, keep)
         w = w.index_select(0, keep)
-    return wrap_int32(values), remaining
+    return wrap_int32(values.t()), remaining

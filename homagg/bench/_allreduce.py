@@ -5,7 +5,9 @@ one value).  For each world size and backend/scheme, ``world`` rank processes ar
 127.0.0.1 (:func:`homagg.bench._ranks.launch_ranks`; with ``--isolate``, once per configuration
 instead) and run :mod:`homagg.bench._allreduce_rank`: per configuration one warm-up and
 ``--repeats`` timed calls, each after a barrier.  A repeat's time is the slowest rank's; the record
-holds the median over repeats, the homagg group's rounds and bytes per call (``pg.stats``), the
+holds the median over repeats, the homagg group's rounds and bytes per call (``pg.stats``; a
+large tensor's pipelined segments overlap, so rounds are then per segment, beside
+``segments_per_allreduce``), the
 UDP port's retransmissions per call (summed over ranks), and ``exact``: every rank's result equals
 rank 0's bit for bit and lies within the documented bound of the float64 sum.
 
@@ -44,7 +46,8 @@ QUICK: dict[str, Any] = {"world": [2, 4], "numel": [1_000_000], "density": [1e-3
 #: every record's fields and their JSON types (None: the field may be null)
 RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "backend": (str,), "scheme": (str, type(None)), "numel": (int,), "density": (float,), "world": (int,),
-    "median_s": (float,), "rounds_per_allreduce": (float, type(None)), "bytes_per_worker": (float,),
+    "median_s": (float,), "rounds_per_allreduce": (float, type(None)),
+    "segments_per_allreduce": (float, type(None)), "bytes_per_worker": (float,),
     "speedup_vs_gloo": (float, type(None)), "retransmits": (float, type(None)), "exact": (bool,),
     "max_abs_err": (float,), "times_s": (list,), "repeats": (int,), "load_avg": (list,), "machine": (dict,),
 }
@@ -121,9 +124,14 @@ def _merge(backend: str, scheme: str | None, world: int, lines: list[dict[str, A
         return None if any(v is None for v in values) else combine(values) / calls
 
     bytes_per = per_call("bytes", max) if homagg else 2 * (world - 1) / world * 4 * numel
+    # a pipelined call's segments take their rounds concurrently: report rounds per segment
+    segments = per_call("segments", max) if homagg else None
+    rounds = per_call("rounds", max) if homagg else None
+    if rounds is not None and segments:
+        rounds /= segments
     return {"backend": backend, "scheme": scheme, "numel": numel, "density": float(first["density"]),
             "world": world, "median_s": float(statistics.median(slowest)),
-            "rounds_per_allreduce": per_call("rounds", max) if homagg else None,
+            "rounds_per_allreduce": rounds, "segments_per_allreduce": segments,
             "bytes_per_worker": float(bytes_per if bytes_per is not None else -1.0),
             "speedup_vs_gloo": None, "retransmits": per_call("retransmits", sum) if homagg else None,
             "exact": bool(same and first["within_bound"]), "max_abs_err": float(first["max_abs_err"]),

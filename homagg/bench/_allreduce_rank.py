@@ -92,14 +92,16 @@ def check_result(result: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor,
     return ok, float(err.max()) if err.numel() else 0.0
 
 
-def _counters(pg: Any) -> tuple[int, int, int | None] | None:
-    """(rounds, bytes sent, retransmits or None) of a homagg group so far; None for other backends."""
+def _counters(pg: Any) -> tuple[int, int, int | None, int] | None:
+    """(rounds, bytes sent, retransmits or None, pipelined segments) of a homagg group so far;
+    None for other backends."""
     stats = getattr(pg, "stats", None)
     if stats is None:
         return None
     port_stats = getattr(pg.switch.port, "stats", None)
     retrans = port_stats.get("retransmits") if isinstance(port_stats, dict) else None
-    return int(stats.rounds), int(stats.bytes_sent), None if retrans is None else int(retrans)
+    return (int(stats.rounds), int(stats.bytes_sent), None if retrans is None else int(retrans),
+            int(stats.segments))
 
 
 def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, block: int) -> dict[str, Any]:
@@ -130,9 +132,10 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
         del buf
     after = _counters(pg)
     out: dict[str, Any] = {"numel": numel, "density": density, "times": times, "digests": digests,
-                           "load_avg": list(load), "rounds": None, "bytes": None, "retransmits": None}
+                           "load_avg": list(load), "rounds": None, "bytes": None, "retransmits": None,
+                           "segments": None}
     if before is not None and after is not None:
-        out.update(rounds=after[0] - before[0], bytes=after[1] - before[1],
+        out.update(rounds=after[0] - before[0], bytes=after[1] - before[1], segments=after[3] - before[3],
                    retransmits=None if after[2] is None or before[2] is None else after[2] - before[2])
     if rank == 0:
         out.update(within_bound=ok, max_abs_err=max_err)

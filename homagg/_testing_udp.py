@@ -139,7 +139,7 @@ def verify_udp_results(results: Sequence[Any], cfg: UdpJobConfig, world: int,
 
     Raises :class:`WorkerFailedError` if any rank failed; otherwise returns one verdict per scheme.
     """
-    from .testing import local_allreduce
+    from ._testing_local import local_allreduce
 
     failed = [r for r in results if not isinstance(r, dict)]
     if failed:

@@ -31,12 +31,9 @@ from typing import Any
 
 from .._config import SCHEMES
 from .._errors import HomAggError
-from ._ranks import launch_ranks
+from ._ranks import RECORD_MARK, launch_ranks
 
 __all__ = ["configure_parser", "run", "FULL", "QUICK", "RECORD_FIELDS", "RECORD_MARK", "markdown_table"]
-
-#: prefix of a configuration's JSON report on a rank's stdout (other output may share the stream)
-RECORD_MARK = "@homagg-allreduce-record@"
 
 #: sweep defaults: world sizes, numels, densities, schemes, repeats
 FULL: dict[str, Any] = {"world": [2, 4, 8], "numel": [1_000_000, 25_000_000],

@@ -25,8 +25,7 @@ from typing import Any
 
 import torch
 
-from ._allreduce import RECORD_MARK
-from ._ranks import die_with_launcher
+from ._ranks import RECORD_MARK, die_with_launcher
 
 __all__ = ["make_tensor", "oracle", "check_result", "rank_main"]
 

@@ -29,7 +29,10 @@ from typing import IO
 from .._errors import HomAggError
 from ._ddp import _free_port as free_port
 
-__all__ = ["LAUNCHER_ENV", "die_with_launcher", "free_port", "launch_ranks"]
+__all__ = ["LAUNCHER_ENV", "die_with_launcher", "free_port", "launch_ranks", "RECORD_MARK"]
+
+#: prefix of a rank's JSON report line on its stdout (other output may share the stream)
+RECORD_MARK = "@homagg-allreduce-record@"
 
 #: environment variable holding the launcher's pid (read by :func:`die_with_launcher`)
 LAUNCHER_ENV = "HOMAGG_RANK_LAUNCHER_PID"

@@ -37,6 +37,8 @@ __all__ = [
     "limb_count",
     "check_finite",
     "block_exponents",
+    "guess_exponents",
+    "negated_guess",
     "mismatched_blocks",
     "quantize",
     "dequantize",
@@ -100,13 +102,30 @@ def block_exponents(idx: torch.Tensor, values: torch.Tensor, numel: int, block_s
     return out
 
 
-def mismatched_blocks(guess: torch.Tensor, agreed: torch.Tensor) -> torch.Tensor:
-    """Blocks whose agreed exponent differs from a guessed one and that hold a nonzero somewhere.
+def guess_exponents(previous: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """One worker's guess of this call's agreed exponents: ``max(previous agreed, local)`` in the
+    blocks where it holds a value (EMPTY elsewhere: it contributes zeros there under any guess).
 
-    Values quantised under the guess are on the agreed grid exactly in the other blocks (equal
-    exponents), or are all zero there (agreed exponent EMPTY): only flagged blocks need a redo.
+    Guesses differ between workers; :func:`mismatched_blocks` finds the blocks where they do not
+    all equal the agreed exponent.
     """
-    return (agreed != guess) & (agreed != EMPTY_EXPONENT)
+    return torch.where(local == EMPTY_EXPONENT, local, torch.maximum(previous, local))
+
+
+def negated_guess(guess: torch.Tensor) -> torch.Tensor:
+    """``-guess`` where a guess was made, EMPTY elsewhere: combined with MAX it gives ``-min guess``
+    over the workers holding a value in each block."""
+    return torch.where(guess == EMPTY_EXPONENT, guess, -guess)
+
+
+def mismatched_blocks(agreed: torch.Tensor, max_negated_guess: torch.Tensor) -> torch.Tensor:
+    """Blocks holding a nonzero somewhere whose contributors did not all guess the agreed exponent.
+
+    Every contributor guessed at least its own exponent and ``max(previous, agreed)`` at most, so
+    "the smallest guess equals the agreed exponent" means every guess equals it: the words summed
+    in the other blocks are exactly those of quantising under the agreed exponents.
+    """
+    return (agreed != EMPTY_EXPONENT) & (-max_negated_guess.to(torch.int64) != agreed.to(torch.int64))
 
 
 def quantize(idx: torch.Tensor, values: torch.Tensor, exponents: torch.Tensor, block_size: int, world_size: int) -> torch.Tensor:

@@ -21,9 +21,11 @@ auto       round 1 of sketch, then the continuation with
 =========  ===============================================  ================================
 
 Steady state (the :class:`~homagg.History` holds the previous call's agreed exponents ``G`` and
-union size): values are quantised under the guess ``G`` and the fresh local exponents travel
-(MAX) in the *same* round; blocks whose agreed exponent differs from ``G`` are redone in one
-more round with the agreed exponents (only those blocks' elements, ``redo`` stream):
+union size): each worker quantises under its guess ``max(G, own exponent)`` (per block, where it
+holds a value) and sends, in the *same* round, its fresh exponents (MAX) and its negated guesses
+(MAX, i.e. the smallest guess); blocks where some contributor's guess differs from the agreed
+exponent are redone in one more round with the agreed exponents (only those blocks' elements,
+``redo`` stream).  A block held by one worker alone is always right (moving sparse supports):
 
 =========  ==================================================================  ==========
 scheme     rounds                                                              typical
@@ -146,12 +148,14 @@ def _steady(w: Worker, scheme: str, stats: WorkerStats, prior: Agreed) -> Protoc
         scheme = choose(w.numel, float(prior.union), w.limbs, w.cfg)
     if scheme == "compact":
         return (yield from _compact(w, stats))
-    guess = prior.exponents if w.is_float else None
-    if guess is not None and guess.numel() != w.blocks:  # pragma: no cover - the key includes numel
-        guess = None
-    if w.is_float and guess is None:
+    previous = prior.exponents if w.is_float else None
+    if previous is not None and previous.numel() != w.blocks:  # pragma: no cover - the key includes numel
+        previous = None
+    if w.is_float and previous is None:
         return (yield from _first_call(w, scheme, stats))
-    w.quantize(guess)
+    guess = w.guess(previous) if previous is not None else None
+    if guess is None:
+        w.quantize(None)
     if scheme == "dense":
         return (yield from _dense(w, stats, guess))
     return (yield from _sketch_round(w, stats, float(prior.union), guess))
@@ -160,12 +164,12 @@ def _steady(w: Worker, scheme: str, stats: WorkerStats, prior: Agreed) -> Protoc
 def _dense(w: Worker, stats: WorkerStats, guess: torch.Tensor | None = None) -> Protocol:
     """Words of every element (quantised under the agreed exponents, or under ``guess``)."""
     stats.schemes["dense"] += 1
-    streams = w.exponent_streams() if guess is not None else []
+    streams = w.guess_streams(guess) if guess is not None else []
     streams.append(Stream("values", CombineOp.ADD, w.dense_values()))
     combined = yield from exchange(streams, stats)
     sums = combined[-1].reshape(-1, w.limbs)
     if guess is not None:
-        bad = w.settle(guess, combined[0])
+        bad = w.settle(combined[0], combined[1])
         if bool(bad.any()):
             redo = w.block_positions(bad)
             stats.redos += 1
@@ -199,7 +203,7 @@ def _sketch_round(w: Worker, stats: WorkerStats, estimate: float, guess: torch.T
     stats.schemes["sketch"] += 1
     cells = cfg.sketch_cells or _sketch.sketch_cells(estimate, cfg.sketch_overhead)
     stats.sketch_cells = cells
-    streams = w.exponent_streams() if guess is not None else []
+    streams = w.guess_streams(guess) if guess is not None else []
     streams += [
         Stream("bitmap", CombineOp.OR, _bitmap.pack_positions(w.idx, w.numel)),
         Stream("sketch", CombineOp.ADD, _sketch.encode(w.idx, w.grid, cells, cfg.seed)),
@@ -211,7 +215,7 @@ def _sketch_round(w: Worker, stats: WorkerStats, estimate: float, guess: torch.T
     sums, core = _sketch.peel(union, table, w.limbs, cfg.seed)
     redo = core
     if guess is not None:
-        bad = w.settle(guess, combined[0])
+        bad = w.settle(combined[0], combined[1])
         if bool(bad.any()):
             moved = torch.nonzero(bad.index_select(0, union // cfg.block_size)).squeeze(1)
             stats.redos += 1

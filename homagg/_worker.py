@@ -127,13 +127,25 @@ class Worker:
         self.quantize(None)
         return combined
 
-    def settle(self, guess: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
-        """After a round quantised under ``guess``: adopt the agreed ``fresh`` exponents.
+    def guess(self, previous: torch.Tensor) -> torch.Tensor:
+        """Quantise under this worker's guess of the agreed exponents (from the previous call's);
+        return the guess."""
+        assert self.local_exponents is not None
+        guess = _fixedpoint.guess_exponents(previous, self.local_exponents)
+        self.quantize(guess)
+        return guess
 
-        Returns the bool mask of blocks to redo (fresh differs from the guess and the block holds a
-        nonzero somewhere); the local words are re-quantised only when there is such a block.
+    def guess_streams(self, guess: torch.Tensor) -> Round:
+        """What travels with words quantised under ``guess``: the fresh exponents and the guesses."""
+        return self.exponent_streams() + [Stream("guess", CombineOp.MAX, _fixedpoint.negated_guess(guess))]
+
+    def settle(self, fresh: torch.Tensor, max_negated_guess: torch.Tensor) -> torch.Tensor:
+        """After a round quantised under guesses: adopt the agreed ``fresh`` exponents.
+
+        Returns the bool mask of blocks to redo (some worker holding a value there guessed wrong);
+        the local words are re-quantised only when there is such a block.
         """
-        bad = _fixedpoint.mismatched_blocks(guess, fresh)
+        bad = _fixedpoint.mismatched_blocks(fresh, max_negated_guess)
         if bool(bad.any()):
             self.quantize(fresh)
         else:

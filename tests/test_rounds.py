@@ -159,3 +159,24 @@ def test_property_history_never_changes_a_result(world: int, scales: list[int], 
         xs = [x * 2.0**e for x in sparse(world, 700, density, seed=seed + k)]
         outs, _ = ws.call(xs, scheme)
         assert_same_as_fresh(outs, xs, scheme, block_size=64)
+
+
+def test_moving_disjoint_support_needs_no_redo() -> None:
+    """Embedding-like gradients: new rows every step, each block held by one worker at a time.
+
+    Each worker's guess for a block it alone holds is its own exponent, which is the agreed one:
+    steady calls take one round although the support moves every call.
+    """
+    ws = Workers(2, block_size=32)  # one block per row
+    g = torch.Generator().manual_seed(11)
+    order = torch.randperm(4000, generator=g)
+    for step in range(4):  # rows not touched by the previous step (else that block may be redone)
+        xs = [torch.zeros(4000, 32) for _ in range(2)]
+        rows = order[40 * step:40 * (step + 1)]
+        xs[0][rows[:20]] = torch.randn(20, 32, generator=g)
+        xs[1][rows[20:]] = torch.randn(20, 32, generator=g) * 100
+        flat = [x.reshape(-1) for x in xs]
+        outs, stats = ws.call(flat, "sketch")
+        assert_same_as_fresh(outs, flat, "sketch", block_size=32)
+        if step:
+            assert stats[0].redos == 0 and stats[0].rounds == 1, stats[0]

@@ -23,6 +23,7 @@ Oracles (module ``homagg._testing_oracle``): :func:`exact_sum` (float64 / int64,
 
 from __future__ import annotations
 
+from . import _testing_oracle
 from ._testing_local import LocalRun, local_allreduce, run_local
 from ._testing_oracle import (
     BoundExceededError,
@@ -63,15 +64,6 @@ __all__ = [
     "sparse_tensor",
     "sparse_tensors",
     "gradients",
-    # oracles
-    "exact_sum",
-    "block_max",
-    "error_bound",
-    "within_bound",
-    "check_within_bound",
-    "digest",
-    "HarnessError",
-    "BoundExceededError",
-    "ResultMismatchError",
-    "WorkerFailedError",
+    # oracles (and their errors)
+    *_testing_oracle.__all__,
 ]

@@ -26,6 +26,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "switch"), "homagg.bench._switch", "emulator goodput vs gloo allreduce"),
     (("bench", "ddp"), "homagg.bench._ddp", "DDP step time, homagg vs gloo"),
     (("bench", "allreduce"), "homagg.bench._allreduce", "dist.all_reduce, homagg vs gloo: density x size x world x scheme"),
+    (("bench", "net"), "homagg.bench._net", "all_reduce on rate-shaped links (netns + tc, root): homagg vs gloo ring"),
     (("bench", "p4rate"), "homagg.bench._p4rate", "BMv2 packet rate on homagg.p4 (needs the BMv2 tools)"),
     (("p4", "build"), "homagg.p4._build", "compile p4/homagg.p4 with p4c-bm2-ss"),
     (("control",), "homagg.p4._control", "P4Runtime controller for a BMv2 switch"),

@@ -148,8 +148,12 @@ def _units(sweep: dict[str, Any], isolate: bool) -> list[tuple[int, str, str | N
     return out
 
 
-def _measure(sweep: dict[str, Any], args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run every launch with a progress bar; return the records (speedups filled in)."""
+def _measure(sweep: dict[str, Any], args: argparse.Namespace, machine: dict[str, Any],
+             launch: Callable[..., list[list[str]]] = launch_ranks, title: str = "bench allreduce") -> list[dict[str, Any]]:
+    """Run every launch with a progress bar; return the records (speedups filled in).
+
+    ``launch`` has :func:`~homagg.bench._ranks.launch_ranks`'s signature (``homagg bench net``
+    passes one that starts each rank in its network namespace)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     units = _units(sweep, args.isolate)
@@ -157,7 +161,7 @@ def _measure(sweep: dict[str, Any], args: argparse.Namespace, machine: dict[str,
     records: list[dict[str, Any]] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=False) as bar:
-        task = bar.add_task("bench allreduce", total=total)
+        task = bar.add_task(title, total=total)
         for world, backend, scheme, numels, densities in units:
             name = backend if scheme is None else f"homagg/{scheme}"
             bar.update(task, description=f"{name} world={world}")
@@ -170,7 +174,7 @@ def _measure(sweep: dict[str, Any], args: argparse.Namespace, machine: dict[str,
                 if rank == 0 and RECORD_MARK in line:
                     bar.advance(task)
 
-            outs = launch_ranks(cmd, world, label=f"bench allreduce ({name}, world {world})",
+            outs = launch(cmd, world, label=f"{title} ({name}, world {world})",
                                 stall_timeout=args.timeout, on_line=progress)
             reports = [[json.loads(ln.partition(RECORD_MARK)[2]) for ln in rank_lines if RECORD_MARK in ln]
                        for rank_lines in outs]

@@ -140,8 +140,13 @@ def launch_ranks(
     stall_timeout: float,
     env: Mapping[str, str] | None = None,
     on_line: Callable[[int, str], None] | None = None,
+    master_addr: str = "127.0.0.1",
+    rank_env: Callable[[int], Mapping[str, str]] | None = None,
 ) -> list[list[str]]:
     """Run ``cmd`` as ``world`` ranks; return each rank's stdout lines once all exited with 0.
+
+    ``master_addr`` is the rendezvous host (rank 0's address); ``rank_env(r)`` adds variables to
+    rank ``r``'s environment (e.g. its network namespace and interface).
 
     ``on_line(rank, line)`` is called for every stdout line as it arrives (progress); every line
     resets the stall timer.  Raises :class:`~homagg.HomAggError` (``label`` first) when a rank
@@ -150,13 +155,14 @@ def launch_ranks(
     if world < 1:
         raise HomAggError(f"{label}: world size must be >= 1, got {world}")
     base = dict(os.environ if env is None else env)
-    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world))
+    base.update(MASTER_ADDR=master_addr, MASTER_PORT=str(free_port()), WORLD_SIZE=str(world))
     base[LAUNCHER_ENV] = str(os.getpid())
     ranks: list[_Rank] = []
     with tempfile.TemporaryDirectory(prefix="homagg-ranks-") as tmp:
         try:
             for r in range(world):
-                ranks.append(_Rank(r, cmd, {**base, "RANK": str(r), "LOCAL_RANK": str(r)}, Path(tmp)))
+                extra = dict(rank_env(r)) if rank_env is not None else {}
+                ranks.append(_Rank(r, cmd, {**base, **extra, "RANK": str(r), "LOCAL_RANK": str(r)}, Path(tmp)))
             return _watch(ranks, label, stall_timeout, on_line)
         finally:
             for r in ranks:

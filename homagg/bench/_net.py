@@ -1,0 +1,103 @@
+"""``homagg bench net``: all_reduce on bandwidth-limited links, homagg through a switch host vs gloo's ring.
+
+W worker hosts and one switch host in network namespaces (:class:`~homagg.bench._netns.StarNet`),
+every link shaped with ``tc tbf`` to ``--bw`` Mbit/s.  On identical tensors, in the same run:
+gloo's ring all_reduce between the worker hosts (routed through the switch host), and homagg
+through the Python emulator on the switch host, every scheme (dense = SwitchML-style in-network
+aggregation).  The ranks are those of ``homagg bench allreduce`` (same inputs, same exactness
+check), started inside the namespaces.
+
+Each record adds to ``homagg bench allreduce``'s: ``method`` (``gloo-ring`` / ``homagg``),
+``bw_mbit``, ``physical_limit_speedup`` (ring bytes per worker / this method's bytes per worker)
+and ``ratio_to_limit`` (``speedup_vs_gloo / physical_limit_speedup``).  Needs root; without it
+the command says what it needs and exits non-zero (no loopback fallback).  Links have no delay or
+loss (this kernel has no ``netem``): the comparison is about bandwidth only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from .._errors import HomAggError
+from ._allreduce import _floats, _ints, _machine, _measure, _names, _plot, _sweep, markdown_table
+from ._netns import StarNet, require_root
+
+__all__ = ["configure_parser", "run"]
+
+QUICK = {"world": [2], "numel": [1_000_000], "density": [0.01, 1.0], "schemes": ["auto", "dense"], "repeats": 3}
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Options (each sweep axis: a comma list or one value)."""
+    parser.add_argument("--bw", type=_floats, default=None, help="link rate in Mbit/s (default 100,1000,10000)")
+    parser.add_argument("--world", type=_ints, default=None, help="worker hosts (default 2,4,8)")
+    parser.add_argument("--numel", type=_ints, default=None, help="fp32 elements (default 1M,25M)")
+    parser.add_argument("--density", type=_floats, default=None,
+                        help="fraction of nonzeros per rank (default 1e-4,1e-3,1e-2,0.1,1.0)")
+    parser.add_argument("--schemes", type=_names, default=None, help="homagg schemes (default auto,sketch,compact,dense)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per configuration (default 5)")
+    parser.add_argument("--quick", action="store_true",
+                        help="1 Gbit/s, 2 hosts, numel 1M, density 0.01 and 1.0, schemes auto,dense, 3 repeats")
+    parser.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds without progress before failing")
+    parser.add_argument("--out", default=None, help="folder for records.json, table.md, speedup.png")
+    parser.add_argument("--json", default=None, help="also write the JSON records here")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.set_defaults(isolate=False)
+
+
+def _with_limits(record: dict[str, Any], bw: float) -> dict[str, Any]:
+    ring = 2 * (record["world"] - 1) / record["world"] * 4 * record["numel"]
+    limit = ring / record["bytes_per_worker"] if record["bytes_per_worker"] > 0 else None
+    speedup = record["speedup_vs_gloo"]
+    return {**record, "method": "homagg" if record["backend"] == "homagg" else "gloo-ring", "bw_mbit": bw,
+            "physical_limit_speedup": limit,
+            "ratio_to_limit": speedup / limit if speedup is not None and limit else None}
+
+
+def run(args: argparse.Namespace) -> int:
+    require_root()
+    if args.quick:
+        for key, value in QUICK.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+        args.bw = args.bw or [1000.0]
+    bws = args.bw or [100.0, 1000.0, 10000.0]
+    sweep = _sweep(args)
+    out_dir = Path(args.out or f"results/bench-net-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    machine = _machine()
+    started = time.monotonic()
+    records: list[dict[str, Any]] = []
+    for bw in bws:
+        for world in sweep["world"]:
+            with StarNet(world, bw) as net:
+                one = {**sweep, "world": [world]}
+                found = _measure(one, args, machine, launch=net.launch, title=f"bench net {bw:g} Mbit/s")
+            records += [_with_limits(r, bw) for r in found]
+    report = {"benchmark": "net", "links": "tc tbf rate per direction; no delay or loss (no netem here)",
+              "bw_mbit": bws, "sweep": sweep, "machine": machine,
+              "wall_s": round(time.monotonic() - started, 1), "records": records}
+    text = json.dumps(report, indent=2)
+    (out_dir / "records.json").write_text(text + "\n")
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    lines = []
+    for bw in bws:
+        lines += [f"### {bw:g} Mbit/s links", "", markdown_table([r for r in records if r["bw_mbit"] == bw]), ""]
+    table = "\n".join(lines)
+    (out_dir / "table.md").write_text(table + "\n")
+    if not args.no_plot:
+        try:
+            _plot(records, out_dir / "speedup.png")
+        except ImportError:
+            pass
+    print(table)
+    print(f"results in {out_dir}")
+    if not all(r["exact"] for r in records):
+        raise HomAggError("bench net: a result was not exact (see records.json)")
+    return 0

@@ -1,0 +1,164 @@
+"""A star of network namespaces with rate-shaped links: W worker hosts around one switch host.
+
+::
+
+    ha<id>w0 (10.77.0.2) --hw0==hs0-- +--------------------------+
+    ha<id>w1 (10.77.1.2) --hw1==hs1-- | ha<id>sw  (routes, 10.77.x.1) |
+    ...                               | switch service 10.77.255.1 |
+                                      +--------------------------+
+
+Every veth end is shaped with ``tc`` ``tbf`` to ``bw_mbit`` (egress, so each direction of each
+link has that rate).  Worker-to-worker traffic (gloo's ring) is routed through the switch host,
+like hosts under one top-of-rack switch; homagg's workers talk to the emulator on the switch host.
+This kernel has no ``netem``, so links add no delay or loss: the comparison is about bandwidth.
+
+Needs root (namespaces, veth, tc).  :class:`StarNet` is a context manager; leaving it deletes
+every namespace it created (their veths go with them) and stops the emulator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .._errors import ConfigError, HomAggError
+from ._ranks import launch_ranks
+
+__all__ = ["StarNet", "SWITCH_IP", "require_root"]
+
+SWITCH_IP = "10.77.255.1"
+SWITCH_PORT = 18497
+MTU = 9000
+WORDS_PER_PACKET = (MTU - 20 - 8 - 16) // 4  #: one homagg datagram per jumbo frame (no fragments)
+
+
+def require_root() -> None:
+    """Raise :class:`ConfigError` saying what is needed unless root with ``ip`` and ``tc``."""
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        raise ConfigError("homagg bench net needs root (network namespaces, veth links, tc rate shaping)"
+                          + (f" and the tools {missing} (Debian: iproute2)" if missing else "")
+                          + "; there is no loopback fallback")
+
+
+def _ip(*args: str) -> None:
+    res = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if res.returncode:
+        raise HomAggError(f"ip {' '.join(args)}: {res.stderr.strip()}")
+
+
+def _in(ns: str, *cmd: str) -> None:
+    res = subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True, timeout=30)
+    if res.returncode:
+        raise HomAggError(f"[{ns}] {' '.join(cmd)}: {res.stderr.strip()}")
+
+
+class StarNet:
+    """``world`` worker namespaces and one switch namespace, links shaped to ``bw_mbit``."""
+
+    def __init__(self, world: int, bw_mbit: float) -> None:
+        if world < 1 or world > 250 or not bw_mbit > 0:
+            raise ConfigError(f"bench net: need 1 <= world <= 250 and bw > 0, got {world}, {bw_mbit}")
+        self.world, self.bw_mbit = world, bw_mbit
+        tag = f"ha{os.getpid() % 100000}"
+        self.switch_ns = f"{tag}sw"
+        self.worker_ns = [f"{tag}w{r}" for r in range(world)]
+        self.emulator: subprocess.Popen[str] | None = None
+        self._made: list[str] = []
+
+    # ------------------------------------------------------------------ set-up / tear-down
+    def __enter__(self) -> StarNet:
+        require_root()
+        try:
+            self._build()
+            self._start_emulator()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _shape(self, ns: str, dev: str) -> None:
+        rate_bytes = self.bw_mbit * 1e6 / 8
+        burst = max(64 * 1024, int(rate_bytes / 250))  # at least a few jumbo frames, ~4 ms at rate
+        _in(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{self.bw_mbit}mbit",
+            "burst", str(burst), "latency", "50ms")
+
+    def _build(self) -> None:
+        sw = self.switch_ns
+        _ip("netns", "add", sw)
+        self._made.append(sw)
+        _in(sw, "ip", "link", "set", "lo", "up")
+        _in(sw, "ip", "addr", "add", f"{SWITCH_IP}/32", "dev", "lo")
+        _in(sw, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        for r, ns in enumerate(self.worker_ns):
+            _ip("netns", "add", ns)
+            self._made.append(ns)
+            hw, hs = f"hw{r}", f"hs{r}"
+            _ip("link", "add", hw, "netns", ns, "mtu", str(MTU), "type", "veth", "peer", "name", hs,
+                "netns", sw, "mtu", str(MTU))
+            _in(ns, "ip", "link", "set", "lo", "up")
+            _in(ns, "ip", "addr", "add", f"10.77.{r}.2/24", "dev", hw)
+            _in(ns, "ip", "link", "set", hw, "up")
+            _in(ns, "ip", "route", "add", "default", "via", f"10.77.{r}.1")
+            _in(sw, "ip", "addr", "add", f"10.77.{r}.1/24", "dev", hs)
+            _in(sw, "ip", "link", "set", hs, "up")
+            self._shape(ns, hw)
+            self._shape(sw, hs)
+
+    def _start_emulator(self) -> None:
+        cmd = ["ip", "netns", "exec", self.switch_ns, sys.executable, "-m", "switch_emulator",
+               "--listen", f"{SWITCH_IP}:{SWITCH_PORT}", "--control", f"{SWITCH_IP}:{SWITCH_PORT + 1}",
+               "--ready-json", "--quiet", "--watch-stdin", "--no-multicast"]
+        self.emulator = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(self.emulator.stdout.readline()  # type: ignore[union-attr]
+                                                             ), daemon=True)
+        reader.start()
+        reader.join(60)
+        if not line or not line[0].strip():
+            raise HomAggError(f"bench net: the emulator did not start in {self.switch_ns} within 60 s")
+        json.loads(line[0])
+
+    def close(self) -> None:
+        """Stop the emulator and delete every namespace created (idempotent)."""
+        if self.emulator is not None:
+            if self.emulator.stdin is not None:
+                self.emulator.stdin.close()
+            self.emulator.terminate()
+            try:
+                self.emulator.wait(10)
+            except subprocess.TimeoutExpired:
+                self.emulator.kill()
+                self.emulator.wait(10)
+            self.emulator = None
+        while self._made:
+            subprocess.run(["ip", "netns", "del", self._made.pop()], capture_output=True, timeout=30)
+
+    # ------------------------------------------------------------------ ranks
+    def rank_env(self, rank: int) -> dict[str, str]:
+        """What a rank in namespace ``rank`` needs: gloo's interface, the rendezvous, the switch."""
+        return {"GLOO_SOCKET_IFNAME": f"hw{rank}", "HOMAGG_SWITCH": f"{SWITCH_IP}:{SWITCH_PORT}",
+                "HOMAGG_WORDS_PER_PACKET": str(WORDS_PER_PACKET), "HOMAGG_SLOTS": "64"}
+
+    def launch(self, cmd: Sequence[str], world: int, *, label: str, stall_timeout: float,
+               env: Mapping[str, str] | None = None,
+               on_line: Callable[[int, str], None] | None = None) -> list[list[str]]:
+        """:func:`launch_ranks` with rank ``r`` inside worker namespace ``r`` (rendezvous on rank 0)."""
+        if world > self.world:
+            raise ConfigError(f"bench net: {world} ranks on a star of {self.world} hosts")
+        wrapped = ["sh", "-c", 'exec ip netns exec "ha$HOMAGG_NS_TAG" "$@"', "sh", *cmd]
+        base: dict[str, Any] = dict(os.environ if env is None else env)
+        return launch_ranks(wrapped, world, label=label, stall_timeout=stall_timeout, env=base, on_line=on_line,
+                            master_addr="10.77.0.2", rank_env=self._rank_env_with_ns)
+
+    def _rank_env_with_ns(self, rank: int) -> dict[str, str]:
+        return {**self.rank_env(rank), "HOMAGG_NS_TAG": self.worker_ns[rank][2:]}

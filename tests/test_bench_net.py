@@ -1,0 +1,53 @@
+"""``homagg bench net``: a tiny sweep on real rate-shaped namespaces (root), and the no-root refusal.
+
+No timing assertions: records must be well formed, every result exact, homagg's sparse bytes
+below the ring's, and no namespace left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from homagg.bench._allreduce import RECORD_FIELDS
+from homagg.cli import main
+
+ROOT_AND_TOOLS = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
+
+
+def _namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+@pytest.mark.skipif(not ROOT_AND_TOOLS, reason="needs root and iproute2 (ip, tc) for network namespaces")
+def test_tiny_sweep_on_shaped_links(tmp_path: Path) -> None:
+    before = _namespaces()
+    out = tmp_path / "records.json"
+    rc = main(["bench", "net", "--world", "2", "--numel", "20000", "--density", "0.01,1.0", "--schemes",
+               "auto,dense", "--repeats", "1", "--bw", "100", "--out", str(tmp_path / "o"), "--json", str(out),
+               "--no-plot", "--timeout", "120"])
+    assert rc == 0
+    records = json.loads(out.read_text())["records"]
+    assert len(records) == 2 * 3  # 2 densities x (gloo + 2 schemes)
+    for r in records:
+        for name, types in RECORD_FIELDS.items():
+            assert isinstance(r[name], types), (name, r[name])
+        assert r["method"] in ("gloo-ring", "homagg") and r["bw_mbit"] == 100.0
+        assert r["exact"] is True
+        ring = 2 * (r["world"] - 1) / r["world"] * 4 * r["numel"]
+        assert r["physical_limit_speedup"] == pytest.approx(ring / r["bytes_per_worker"])
+    sparse = [r for r in records if r["method"] == "homagg" and r["scheme"] == "auto" and r["density"] == 0.01]
+    assert sparse and sparse[0]["bytes_per_worker"] < 2 * 4 * 20000 / 2  # below the ring's bytes
+    assert _namespaces() - before == set()  # every namespace deleted again
+
+
+def test_without_root_it_says_what_it_needs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert main(["bench", "net", "--quick"]) != 0
+    assert "needs root" in capsys.readouterr().err

@@ -17,16 +17,10 @@ import json
 
 from ._config import SCHEMES
 from ._errors import ConfigError
-from .testing import UdpJobConfig, gradients, run_udp_job, verify_udp_results, within_bound
+from .testing import UdpJobConfig, gradients, run_udp_job, verify_udp_results
 from .wire import P4_WORDS
 
 __all__ = ["configure_parser", "run"]
-
-# Old names, still imported by tests/test_transport_udp.py (to switch to homagg.testing).
-make_tensors = gradients
-run_job = run_udp_job
-check_result = within_bound
-
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")

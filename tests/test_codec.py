@@ -8,9 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import homagg
-from homagg.testing import local_allreduce, run_local
-
-from ._oracle import assert_within_bound, exact_sum
+from homagg.testing import check_within_bound as assert_within_bound
+from homagg.testing import exact_sum, local_allreduce, run_local
 
 SCHEMES = homagg.SCHEMES
 

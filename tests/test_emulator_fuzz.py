@@ -14,7 +14,7 @@ import switch_emulator
 from homagg import wire
 from homagg.transport import ControlClient
 
-from .test_transport_udp import run_and_check
+from homagg.testing import run_on_switch
 
 N_FUZZ = 10_000
 
@@ -73,7 +73,7 @@ def test_fuzz_during_job_result_exact() -> None:
 
         t = threading.Thread(target=blast)
         t.start()
-        run_and_check(sw, 3, numel=15000, k=32, slots=8, schemes=["sketch", "dense"])
+        run_on_switch(sw, 3, numel=15000, k=32, slots=8, schemes=["sketch", "dense"])
         during[0] = sent[0]
         stop.set()
         t.join(120)
@@ -83,4 +83,4 @@ def test_fuzz_during_job_result_exact() -> None:
         c = ctl.status()["counters"]
         assert c["dropped"] >= 0.9 * N_FUZZ, c  # a few may be lost in full socket buffers
         assert c["accepted"] > 0 and during[0] > 1000, (c, during)
-        run_and_check(sw, 2, numel=3000, k=32, slots=8, schemes=["dense"])
+        run_on_switch(sw, 2, numel=3000, k=32, slots=8, schemes=["dense"])

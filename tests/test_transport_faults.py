@@ -9,7 +9,7 @@ import pytest
 import switch_emulator
 from homagg.transport import ControlClient
 
-from .test_transport_udp import run_and_check
+from homagg.testing import run_on_switch
 
 
 @pytest.mark.parametrize("rate", [0.01, 0.05])
@@ -17,7 +17,7 @@ def test_exact_under_drop_duplicate_reorder(rate: float) -> None:
     faults = switch_emulator.FaultConfig(drop=rate, duplicate=rate, reorder=rate, seed=7)
     with switch_emulator.start(faults=faults) as sw:
         t0 = time.monotonic()
-        results = run_and_check(sw, 4, numel=20000, k=64, slots=16, timeout=20.0)
+        results = run_on_switch(sw, 4, numel=20000, k=64, slots=16, timeout=20.0)
         assert time.monotonic() - t0 < 120
         c = ControlClient(sw.control_addr).status()["counters"]
     assert c["drop_injected"] > 0 and c["injected_duplicate"] > 0 and c["injected_reorder"] > 0

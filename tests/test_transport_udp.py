@@ -10,41 +10,10 @@ import torch
 
 import switch_emulator
 from homagg import CombineOp, Stream
-from homagg._demo import check_result, make_tensors, run_job
+from homagg.testing import run_on_switch
 from homagg._errors import ConfigError
 from homagg.transport import combine_words
-from homagg.testing import local_allreduce
 from homagg.transport import ControlClient, UdpSwitchPort
-from homagg.transport._procs import RankFailure
-
-SCHEMES = ["auto", "sketch", "compact", "dense"]
-
-
-def run_and_check(sw: switch_emulator.RunningSwitch, world: int, *, numel: int = 20000, k: int = 64,
-                  slots: int = 16, schemes: list[str] = SCHEMES, seed: int = 0, timeout: float = 30.0) -> list:
-    """Run every scheme on ``world`` processes and assert exactness (oracle, workers, schemes, in-process ref)."""
-    ctl = ControlClient(sw.control_addr)
-    job = ctl.admit(world, n_slots=slots, words_per_packet=k)
-    cfg = {"numel": numel, "density": 0.02, "seed": seed, "data": list(sw.data_addr), "control": list(sw.control_addr),
-           "job": job.to_dict(), "timeout": timeout, "schemes": schemes}
-    results = run_job(cfg, world, timeout=timeout * 4 * len(schemes))
-    ctl.remove(job.job_id)
-    failed = [r for r in results if isinstance(r, RankFailure)]
-    assert not failed, failed[0].message + failed[0].traceback
-    inputs = [make_tensors(r, numel, 0.02, seed) for r in range(world)]
-    ref = [local_allreduce([inp[i] for inp in inputs], scheme="dense") for i in range(len(inputs[0]))]
-    digests = set()
-    for scheme in schemes:
-        assert len({r[scheme]["digest"] for r in results}) == 1, f"{scheme}: workers disagree"
-        digests.add(results[0][scheme]["digest"])
-        got = [torch.from_numpy(a) for a in results[0][scheme]["results"]]
-        for i, g in enumerate(got):
-            assert check_result(g, [inp[i] for inp in inputs]), f"{scheme}: tensor {i} outside the oracle bound"
-            assert torch.equal(g, ref[i][0]), f"{scheme}: tensor {i} differs from the in-process reference"
-        assert torch.equal(got[-1], sum(inp[-1] for inp in inputs))  # int64 counts: exact integer sum
-    assert len(digests) == 1, "schemes are not bit-identical"
-    return results
-
 
 @pytest.fixture(scope="module")
 def switch():
@@ -54,7 +23,7 @@ def switch():
 
 @pytest.mark.parametrize("world", [2, 5, 8])
 def test_every_scheme_exact_over_udp(switch, world: int) -> None:
-    run_and_check(switch, world, numel=12000 if world == 8 else 20000)
+    run_on_switch(switch, world, numel=12000 if world == 8 else 20000)
     st = ControlClient(switch.control_addr).status()
     assert st["jobs"] == []
 

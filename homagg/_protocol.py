@@ -50,7 +50,7 @@ def allreduce(
     stats.calls += 1
     seg = segment_length(tensor.numel(), cfg) if tensor.layout == torch.strided else 0
     if seg:  # large dense-layout tensor: pipelined segments, written in place into ``out``
-        out = tensor if inplace and tensor.is_contiguous() else tensor.detach().contiguous().clone()
+        out = tensor if inplace and tensor.is_contiguous() else tensor.detach().clone(memory_format=torch.contiguous_format)
         allreduce_segments(out.view(-1), port, scheme, cfg, stats, history, key, seg)
         return tensor.copy_(out) if inplace and out is not tensor else out
     gen = protocol(tensor, port.world_size, scheme, cfg, stats, inplace, history, key)

@@ -114,3 +114,12 @@ def test_inplace_and_out_of_place_agree() -> None:
     for r in range(2):
         assert outs[r] is targets[r] and torch.equal(targets[r], want)
     assert torch.equal(run_local(xs, "compact", segment=8192).results[0], want)  # not in place: same
+
+
+def test_non_contiguous_input_is_read_not_written() -> None:
+    xs = inputs(2, 30_000, 0.2, seed=6)
+    views = [torch.stack([x, torch.full_like(x, 7.0)], dim=1)[:, 0] for x in xs]  # stride-2 views
+    before = [v.clone() for v in views]
+    got = run_local(views, "dense", segment=8192).results
+    assert torch.equal(got[0], run_local(xs, "dense", segment=0).results[0])
+    assert all(torch.equal(v, b) for v, b in zip(views, before))  # out of place: inputs untouched

@@ -67,24 +67,29 @@ def _names(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Options of ``homagg bench allreduce`` (each sweep axis: a comma list or one value)."""
+def add_sweep_arguments(parser: argparse.ArgumentParser, timeout: float) -> None:
+    """The sweep axes and output options shared by ``bench allreduce`` and ``bench net``."""
     parser.add_argument("--world", type=_ints, default=None, help="rank counts (default 2,4,8)")
     parser.add_argument("--numel", type=_ints, default=None, help="fp32 elements (default 1M,25M)")
     parser.add_argument("--density", type=_floats, default=None,
                         help="fraction of nonzeros per rank (default 1e-4,1e-3,1e-2,0.1,1.0)")
     parser.add_argument("--schemes", type=_names, default=None, help="homagg schemes (default auto,sketch,compact,dense)")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per configuration (default 5)")
+    parser.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    parser.add_argument("--timeout", type=float, default=timeout,
+                        help=f"seconds without a finished configuration before the ranks count as hung (default {timeout:g})")
+    parser.add_argument("--out", default=None, help="folder for records.json, table.md, speedup.png "
+                                                    "(default results/bench-<command>-<time>)")
+    parser.add_argument("--json", default=None, help="also write the JSON records here")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Options of ``homagg bench allreduce`` (each sweep axis: a comma list or one value)."""
+    add_sweep_arguments(parser, timeout=300.0)
     parser.add_argument("--quick", action="store_true",
                         help="numel 1M, density 1e-3,1e-2,1.0, world 2,4, schemes auto,dense, 3 repeats")
     parser.add_argument("--isolate", action="store_true", help="fresh rank processes for every configuration")
-    parser.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds without a finished configuration before the ranks count as hung (default 300)")
-    parser.add_argument("--out", default=None, help="folder for records.json, table.md, speedup.png "
-                                                    "(default results/bench-allreduce-<time>)")
-    parser.add_argument("--json", default=None, help="also write the JSON records here")
-    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--_backend", default="gloo", help=argparse.SUPPRESS)
     parser.add_argument("--_scheme", default="", help=argparse.SUPPRESS)

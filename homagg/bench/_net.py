@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import HomAggError
-from ._allreduce import _floats, _ints, _machine, _measure, _names, _plot, _sweep, markdown_table
+from ._allreduce import _floats, _machine, _measure, _plot, _sweep, add_sweep_arguments, markdown_table
 from ._netns import StarNet, require_root
 
 __all__ = ["configure_parser", "run"]
@@ -34,19 +34,9 @@ QUICK = {"world": [2], "numel": [1_000_000], "density": [0.01, 1.0], "schemes": 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Options (each sweep axis: a comma list or one value)."""
     parser.add_argument("--bw", type=_floats, default=None, help="link rate in Mbit/s (default 100,1000,10000)")
-    parser.add_argument("--world", type=_ints, default=None, help="worker hosts (default 2,4,8)")
-    parser.add_argument("--numel", type=_ints, default=None, help="fp32 elements (default 1M,25M)")
-    parser.add_argument("--density", type=_floats, default=None,
-                        help="fraction of nonzeros per rank (default 1e-4,1e-3,1e-2,0.1,1.0)")
-    parser.add_argument("--schemes", type=_names, default=None, help="homagg schemes (default auto,sketch,compact,dense)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed calls per configuration (default 5)")
+    add_sweep_arguments(parser, timeout=600.0)
     parser.add_argument("--quick", action="store_true",
                         help="1 Gbit/s, 2 hosts, numel 1M, density 0.01 and 1.0, schemes auto,dense, 3 repeats")
-    parser.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds without progress before failing")
-    parser.add_argument("--out", default=None, help="folder for records.json, table.md, speedup.png")
-    parser.add_argument("--json", default=None, help="also write the JSON records here")
-    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.set_defaults(isolate=False)
 
 

@@ -77,7 +77,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, timeout: float) -> None
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per configuration (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     parser.add_argument("--timeout", type=float, default=timeout,
-                        help=f"seconds without a finished configuration before the ranks count as hung (default {timeout:g})")
+                        help=f"seconds without a finished call before the ranks count as hung (default {timeout:g})")
     parser.add_argument("--out", default=None, help="folder for records.json, table.md, speedup.png "
                                                     "(default results/bench-<command>-<time>)")
     parser.add_argument("--json", default=None, help="also write the JSON records here")

@@ -129,6 +129,8 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
             call_ok, call_err = check_result(buf, exact, bound, block)
             ok, max_err = ok and call_ok, max(max_err, call_err)
         del buf
+        # progress: every stdout line resets the launcher's stall timer (a slow configuration is no hang)
+        print(f"call {call} of {repeats} done ({numel} elements, density {density})", flush=True)
     after = _counters(pg)
     out: dict[str, Any] = {"numel": numel, "density": density, "times": times, "digests": digests,
                            "load_avg": list(load), "rounds": None, "bytes": None, "retransmits": None,

@@ -98,7 +98,7 @@ class StarNet:
         self._made.append(sw)
         _in(sw, "ip", "link", "set", "lo", "up")
         _in(sw, "ip", "addr", "add", f"{SWITCH_IP}/32", "dev", "lo")
-        _in(sw, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        _in(sw, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")  # per namespace; no procps needed
         for r, ns in enumerate(self.worker_ns):
             _ip("netns", "add", ns)
             self._made.append(ns)

@@ -155,6 +155,13 @@ def test_auto_cost_model_follows_density_and_rtt() -> None:
     assert run_local(sparse, "auto", rtt_us=0.0).stats[0].schemes["compact"] == 1
 
 
+def test_auto_counts_peeling_time() -> None:
+    """Peeling costs CPU per distinct nonzero: counted, it tips auto from sketch to compact."""
+    xs = sparse_inputs(2, 200000, 0.05, "overlap", seed=3, grid=True)
+    assert run_local(xs, "auto", rtt_us=100.0).stats[0].schemes["compact"] == 1
+    assert run_local(xs, "auto", rtt_us=100.0, peel_ns=0.0).stats[0].schemes["sketch"] == 1
+
+
 def test_compact_sends_union_sized_values() -> None:
     xs = sparse_inputs(3, 64000, 0.01, "disjoint", seed=2, grid=True)
     union = int((torch.stack(xs) != 0).any(0).sum())

@@ -27,7 +27,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if "report" not in _cache:
         out = tmp_path_factory.mktemp("bench-allreduce")
         argv = ["bench", "allreduce", "--numel", "20000", "--density", "0.01,1.0", "--world", "2",
-                "--schemes", "auto,dense", "--repeats", "1", "--out", str(out), "--json", str(out / "copy.json")]
+                "--schemes", "compact,dense", "--repeats", "1", "--out", str(out), "--json", str(out / "copy.json")]
         assert main(argv) == 0
         _cache["out"] = out
         _cache["report"] = json.loads((out / "records.json").read_text())
@@ -38,7 +38,7 @@ def test_records_well_formed(tmp_path_factory: pytest.TempPathFactory) -> None:
     run = tiny_run(tmp_path_factory)
     records = run["report"]["records"]
     assert json.loads((run["out"] / "copy.json").read_text())["records"] == records
-    assert len(records) == 2 * 3  # 2 densities x (gloo, auto, dense)
+    assert len(records) == 2 * 3  # 2 densities x (gloo, compact, dense)
     for rec in records:
         for name, types in RECORD_FIELDS.items():
             assert name in rec, f"{name} missing in {rec}"
@@ -53,12 +53,12 @@ def test_records_well_formed(tmp_path_factory: pytest.TempPathFactory) -> None:
             assert rec["rounds_per_allreduce"] is None and rec["retransmits"] is None
             assert rec["bytes_per_worker"] == 2 * (2 - 1) / 2 * 4 * 20000
         else:
-            assert rec["backend"] == "homagg" and rec["scheme"] in ("auto", "dense")
+            assert rec["backend"] == "homagg" and rec["scheme"] in ("compact", "dense")
             assert rec["speedup_vs_gloo"] > 0 and rec["rounds_per_allreduce"] >= 1
             assert rec["retransmits"] is None or rec["retransmits"] >= 0
-    assert {(r["backend"], r["scheme"]) for r in records} == {("gloo", None), ("homagg", "auto"), ("homagg", "dense")}
+    assert {(r["backend"], r["scheme"]) for r in records} == {("gloo", None), ("homagg", "compact"), ("homagg", "dense")}
     table = (run["out"] / "table.md").read_text()
-    assert "homagg/auto" in table and "| gloo |" in table
+    assert "homagg/compact" in table and "| gloo |" in table
     assert (run["out"] / "speedup.png").stat().st_size > 0
 
 

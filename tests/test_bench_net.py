@@ -30,7 +30,7 @@ def test_tiny_sweep_on_shaped_links(tmp_path: Path) -> None:
     before = _namespaces()
     out = tmp_path / "records.json"
     rc = main(["bench", "net", "--world", "2", "--numel", "20000", "--density", "0.01,1.0", "--schemes",
-               "auto,dense", "--repeats", "1", "--bw", "100", "--out", str(tmp_path / "o"), "--json", str(out),
+               "compact,dense", "--repeats", "1", "--bw", "100", "--out", str(tmp_path / "o"), "--json", str(out),
                "--no-plot", "--timeout", "120"])
     assert rc == 0
     records = json.loads(out.read_text())["records"]
@@ -42,7 +42,7 @@ def test_tiny_sweep_on_shaped_links(tmp_path: Path) -> None:
         assert r["exact"] is True
         ring = 2 * (r["world"] - 1) / r["world"] * 4 * r["numel"]
         assert r["physical_limit_speedup"] == pytest.approx(ring / r["bytes_per_worker"])
-    sparse = [r for r in records if r["method"] == "homagg" and r["scheme"] == "auto" and r["density"] == 0.01]
+    sparse = [r for r in records if r["method"] == "homagg" and r["scheme"] == "compact" and r["density"] == 0.01]
     assert sparse and sparse[0]["bytes_per_worker"] < 2 * 4 * 20000 / 2  # below the ring's bytes
     assert _namespaces() - before == set()  # every namespace deleted again
 

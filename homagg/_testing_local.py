@@ -1,23 +1,28 @@
 """In-process jobs of the test harness: W workers in threads of this process, the real protocol.
 
-Public through :mod:`homagg.testing` (``local_allreduce``, ``run_local``, ``LocalRun``).
+Public through :mod:`homagg.testing` (``local_allreduce``, ``run_local``, ``LocalRun``,
+``on_threads``, ``check_combine``).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from ._errors import InputError
 from ._protocol import allreduce
 from ._stats import WorkerStats
-from .transport import InProcessSwitch
+from ._testing_oracle import ResultMismatchError
+from .transport import InProcessSwitch, Stream, SwitchPort, combine_words
+from .wire import CombineOp
 
-__all__ = ["LocalRun", "run_local", "local_allreduce"]
+__all__ = ["LocalRun", "run_local", "local_allreduce", "on_threads", "check_combine"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -63,3 +68,48 @@ def run_local(tensors: Sequence[torch.Tensor], scheme: str = "auto", timeout: fl
 def local_allreduce(tensors: Sequence[torch.Tensor], scheme: str = "auto", **options: Any) -> list[torch.Tensor]:
     """Each worker's result of the SUM allreduce of ``tensors`` (one tensor per worker)."""
     return run_local(tensors, scheme, **options).results
+
+
+def on_threads(fn: Callable[[int], T], world: int, timeout: float = 60.0) -> list[T]:
+    """``[fn(0), ..., fn(world - 1)]``, each call on its own thread (as workers run).
+
+    The first exception of any call is re-raised; a call still running after ``timeout`` seconds
+    raises :class:`ResultMismatchError` naming the ranks (nothing waits unbounded).
+    """
+    out: list[Any] = [None] * world
+    errors: list[BaseException] = []
+
+    def work(rank: int) -> None:
+        try:
+            out[rank] = fn(rank)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(r,), name=f"homagg-on-threads-{r}") for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    if errors:
+        raise errors[0]
+    hung = [r for r, t in enumerate(threads) if t.is_alive()]
+    if hung:
+        raise ResultMismatchError(f"ranks {hung} did not return within {timeout}s")
+    return out
+
+
+def check_combine(ports: Sequence[SwitchPort], data: Sequence[Sequence[torch.Tensor]],
+                  ops: Sequence[CombineOp], timeout: float = 60.0) -> list[list[torch.Tensor]]:
+    """One round through ``ports`` (worker r sends ``data[r][i]`` as stream i with ``ops[i]``),
+    checked against the reference :func:`~homagg.transport.combine_words` on every worker.
+
+    Returns each worker's results; raises :class:`ResultMismatchError` on any difference.
+    """
+    results = on_threads(lambda r: ports[r].combine([Stream(f"s{i}", op, data[r][i]) for i, op in enumerate(ops)]),
+                         len(ports), timeout)
+    for i, op in enumerate(ops):
+        want = combine_words(op, [d[i] for d in data])
+        bad = [r for r, res in enumerate(results) if not torch.equal(res[i], want)]
+        if bad:
+            raise ResultMismatchError(f"stream {i} ({op.name}): workers {bad} differ from the reference combine")
+    return results

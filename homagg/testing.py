@@ -24,7 +24,7 @@ Oracles (module ``homagg._testing_oracle``): :func:`exact_sum` (float64 / int64,
 from __future__ import annotations
 
 from . import _testing_oracle
-from ._testing_local import LocalRun, local_allreduce, run_local
+from ._testing_local import LocalRun, check_combine, local_allreduce, on_threads, run_local
 from ._testing_oracle import (
     BoundExceededError,
     HarnessError,
@@ -53,6 +53,8 @@ __all__ = [
     "local_allreduce",
     "run_local",
     "LocalRun",
+    "on_threads",
+    "check_combine",
     "run_on_switch",
     "run_udp_job",
     "udp_worker",

@@ -3,7 +3,6 @@ unicast for the others and for answers to retransmissions; results stay exact.""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
@@ -13,7 +12,8 @@ import torch
 import switch_emulator
 from homagg import wire
 from homagg.jobs import JobSpec, WorkerAddr
-from homagg.transport import CombineOp, ControlClient, Stream, UdpSwitchPort, combine_words
+from homagg.testing import check_combine
+from homagg.transport import CombineOp, ControlClient, UdpSwitchPort
 from switch_emulator import Switch
 
 A = [("10.0.0.1", 5000 + w) for w in range(3)]
@@ -72,17 +72,7 @@ def _rounds(ports: list[UdpSwitchPort], rounds: int, seed: int) -> None:
     for _ in range(rounds):
         data = [[torch.from_numpy(rng.integers(-(2**31), 2**31, 37, dtype=np.int64).astype(np.int32)) for _ in ops]
                 for _ in range(w)]
-        res: list = [None] * w
-
-        def run(r: int) -> None:
-            res[r] = ports[r].combine([Stream(f"s{i}", op, data[r][i]) for i, op in enumerate(ops)])
-
-        ts = [threading.Thread(target=run, args=(r,)) for r in range(w)]
-        [t.start() for t in ts]
-        [t.join(60) for t in ts]
-        for i, op in enumerate(ops):
-            exp = combine_words(op, [data[r][i] for r in range(w)])
-            assert all(res[r] is not None and torch.equal(res[r][i], exp) for r in range(w))
+        check_combine(ports, data, ops)
 
 
 def _settled(ctl: ControlClient, ok: Callable[[dict[str, int]], bool]) -> dict[str, int]:

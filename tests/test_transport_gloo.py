@@ -6,7 +6,6 @@ the gloo wait run out, which maps to :class:`~homagg.SwitchTimeoutError` (by wai
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import numpy as np
@@ -15,20 +14,13 @@ import torch
 import torch.distributed as dist
 
 from homagg import SwitchTimeoutError
-from homagg.transport import CombineOp, GlooSwitchPort, Stream, combine_words
+from homagg.testing import check_combine, on_threads
+from homagg.transport import CombineOp, GlooSwitchPort, Stream
 
 
 def _groups(world: int, timeout_s: float) -> list[dist.ProcessGroup]:
     store = dist.HashStore()
-    pgs: list = [None] * world
-
-    def make(r: int) -> None:
-        pgs[r] = dist.ProcessGroupGloo(store, r, world, timedelta(seconds=timeout_s))
-
-    ts = [threading.Thread(target=make, args=(r,)) for r in range(world)]
-    [t.start() for t in ts]
-    [t.join(30) for t in ts]
-    return pgs
+    return on_threads(lambda r: dist.ProcessGroupGloo(store, r, world, timedelta(seconds=timeout_s)), world, 30.0)
 
 
 def test_every_op_equals_the_reference() -> None:
@@ -37,17 +29,7 @@ def test_every_op_equals_the_reference() -> None:
     ops = [CombineOp.ADD, CombineOp.MAX, CombineOp.OR, CombineOp.ADD]
     data = [[torch.from_numpy(rng.integers(-(2**31), 2**31, n, dtype=np.int64).astype(np.int32)) for n in (50, 7, 13, 1)]
             for _ in range(world)]
-    res: list = [None] * world
-
-    def run(r: int) -> None:
-        res[r] = ports[r].combine([Stream(f"s{i}", op, data[r][i]) for i, op in enumerate(ops)])
-
-    ts = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-    [t.start() for t in ts]
-    [t.join(60) for t in ts]
-    for i, op in enumerate(ops):
-        exp = combine_words(op, [data[r][i] for r in range(world)])
-        assert all(torch.equal(res[r][i], exp) for r in range(world)), op
+    check_combine(ports, data, ops)
 
 
 def test_missing_peer_is_a_switch_timeout() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
@@ -10,9 +9,8 @@ import torch
 
 import switch_emulator
 from homagg import CombineOp, Stream
-from homagg.testing import run_on_switch
+from homagg.testing import check_combine, on_threads, run_on_switch
 from homagg._errors import ConfigError
-from homagg.transport import combine_words
 from homagg.transport import ControlClient, UdpSwitchPort
 
 @pytest.fixture(scope="module")
@@ -28,23 +26,6 @@ def test_every_scheme_exact_over_udp(switch, world: int) -> None:
     assert st["jobs"] == []
 
 
-def _threads(fn, world):
-    out, errs = [None] * world, []
-
-    def wrap(r):
-        try:
-            out[r] = fn(r)
-        except BaseException as exc:  # noqa: BLE001
-            errs.append(exc)
-
-    ts = [threading.Thread(target=wrap, args=(r,)) for r in range(world)]
-    [t.start() for t in ts]
-    [t.join(60) for t in ts]
-    if errs:
-        raise errs[0]
-    return out
-
-
 def test_raw_streams_every_op_many_rounds(switch) -> None:
     """Word streams of every op and odd lengths, many rounds through a small window (slot reuse)."""
     world, ctl = 3, ControlClient(switch.control_addr)
@@ -58,11 +39,8 @@ def test_raw_streams_every_op_many_rounds(switch) -> None:
             sizes = [int(rng.integers(0, 60)), 1, 0, int(rng.integers(1, 30))]
             data = [[torch.from_numpy(rng.integers(-(2**31), 2**31, n, dtype=np.int64).astype(np.int32)) for n in sizes]
                     for _ in range(world)]
-            res = _threads(lambda r: ports[r].combine([Stream(f"s{i}", ops[i], data[r][i]) for i in range(4)]), world)
-            for i, op in enumerate(ops):
-                exp = combine_words(op, [data[r][i] for r in range(world)])
-                for r in range(world):
-                    assert res[r][i].dtype == torch.int32 and torch.equal(res[r][i], exp), (rnd, i, r)
+            res = check_combine(ports, data, ops)
+            assert all(t.dtype == torch.int32 for per_rank in res for t in per_rank), rnd
     finally:
         for p in ports:
             p.close()
@@ -78,8 +56,8 @@ def test_result_arrays_recycled_only_when_unreferenced(switch) -> None:
     n = 100
 
     def round_(v: int) -> list:
-        return _threads(lambda r: ports[r].combine([Stream("x", CombineOp.ADD, torch.full((n,), v + r, dtype=torch.int32))])[0],
-                        world)
+        return on_threads(lambda r: ports[r].combine([Stream("x", CombineOp.ADD, torch.full((n,), v + r, dtype=torch.int32))])[0],
+                          world)
 
     try:
         held = round_(1)  # tensors

@@ -194,10 +194,9 @@ class Worker:
     def dense_values(self, blocks: torch.Tensor | None = None) -> torch.Tensor:
         """Flat int32 words of every element (of the blocks flagged in ``blocks``, if given)."""
         assert self._quantized, "quantize() first"
-        if self.flat is None:  # sparse input: scatter the index representation
-            pos = self.block_positions(blocks) if blocks is not None else None
-            if pos is not None:
-                return self.values_at(pos).reshape(-1)
+        if self.flat is None:  # sparse input: from the index representation
+            if blocks is not None:
+                return self.values_at(self.block_positions(blocks)).reshape(-1)
             values = torch.zeros((self.numel, self.limbs), dtype=torch.int32, device=self.device)
             values[self.idx] = self.grid
             return values.reshape(-1)

@@ -27,7 +27,11 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "ddp"), "homagg.bench._ddp", "DDP step time, homagg vs gloo"),
     (("bench", "allreduce"), "homagg.bench._allreduce", "dist.all_reduce, homagg vs gloo: density x size x world x scheme"),
     (("bench", "net"), "homagg.bench._net", "all_reduce on rate-shaped links (netns + tc, root): homagg vs gloo ring"),
+    (("bench", "models"), "homagg.bench._models", "DDP iteration time of NCF, LSTM, VGG19, BERT on shaped links (root): homagg vs gloo, PowerSGD, fp16"),
+    (("bench", "compress"), "homagg.bench._convergence", "convergence of compressed DDP training (top-k, DGC, 1-bit, TernGrad, QSGD, PowerSGD) vs exact"),
+    (("bench", "faults"), "homagg.bench._faults", "reliability figures: soak under loss, fuzzed datagrams, loss-rate sweep"),
     (("bench", "p4rate"), "homagg.bench._p4rate", "BMv2 packet rate on homagg.p4 (needs the BMv2 tools)"),
+    (("torchsuite",), "homagg._torchsuite", "run PyTorch's distributed test suite against homagg and gloo; fail on regressions"),
     (("p4", "build"), "homagg.p4._build", "compile p4/homagg.p4 with p4c-bm2-ss"),
     (("control",), "homagg.p4._control", "P4Runtime controller for a BMv2 switch"),
 )

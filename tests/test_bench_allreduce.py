@@ -16,7 +16,7 @@ import torch
 
 from homagg import HomAggError
 from homagg.bench._allreduce import RECORD_FIELDS, markdown_table
-from homagg.bench._allreduce_rank import check_result, make_tensor, oracle
+from homagg.bench._allreduce_rank import check_result, make_tensor, oracle, sparse_allgather_bytes
 from homagg.bench._ranks import launch_ranks
 from homagg.cli import main
 
@@ -38,7 +38,7 @@ def test_records_well_formed(tmp_path_factory: pytest.TempPathFactory) -> None:
     run = tiny_run(tmp_path_factory)
     records = run["report"]["records"]
     assert json.loads((run["out"] / "copy.json").read_text())["records"] == records
-    assert len(records) == 2 * 3  # 2 densities x (gloo, compact, dense)
+    assert len(records) == 2 * 3 + 1  # 2 densities x (gloo, compact, dense) + gloo-sparse at 0.01
     for rec in records:
         for name, types in RECORD_FIELDS.items():
             assert name in rec, f"{name} missing in {rec}"
@@ -52,13 +52,17 @@ def test_records_well_formed(tmp_path_factory: pytest.TempPathFactory) -> None:
             assert rec["scheme"] is None and rec["speedup_vs_gloo"] is None
             assert rec["rounds_per_allreduce"] is None and rec["retransmits"] is None
             assert rec["bytes_per_worker"] == 2 * (2 - 1) / 2 * 4 * 20000
+        elif rec["backend"] == "gloo-sparse":
+            assert rec["scheme"] is None and rec["density"] == 0.01 and rec["exact"]
+            assert rec["bytes_per_worker"] == sparse_allgather_bytes(200, 2) and rec["speedup_vs_gloo"] > 0
         else:
             assert rec["backend"] == "homagg" and rec["scheme"] in ("compact", "dense")
             assert rec["speedup_vs_gloo"] > 0 and rec["rounds_per_allreduce"] >= 1
             assert rec["retransmits"] is None or rec["retransmits"] >= 0
-    assert {(r["backend"], r["scheme"]) for r in records} == {("gloo", None), ("homagg", "compact"), ("homagg", "dense")}
+    assert {(r["backend"], r["scheme"]) for r in records} == {("gloo", None), ("gloo-sparse", None),
+                                                              ("homagg", "compact"), ("homagg", "dense")}
     table = (run["out"] / "table.md").read_text()
-    assert "homagg/compact" in table and "| gloo |" in table
+    assert "homagg/compact" in table and "| gloo |" in table and "| gloo-sparse |" in table
     assert (run["out"] / "speedup.png").stat().st_size > 0
 
 

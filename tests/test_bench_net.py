@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from homagg.bench._allreduce import RECORD_FIELDS
+from homagg.bench._allreduce_rank import sparse_allgather_bytes
 from homagg.cli import main
 
 ROOT_AND_TOOLS = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
@@ -26,24 +27,32 @@ def _namespaces() -> set[str]:
 
 
 @pytest.mark.skipif(not ROOT_AND_TOOLS, reason="needs root and iproute2 (ip, tc) for network namespaces")
-def test_tiny_sweep_on_shaped_links(tmp_path: Path) -> None:
+def test_quick_sweep_on_shaped_links(tmp_path: Path) -> None:
+    """The CI smoke of ``homagg bench net --quick``: gloo ring, gloo sparse COO and homagg on 1 Gbit/s."""
     before = _namespaces()
     out = tmp_path / "records.json"
-    rc = main(["bench", "net", "--world", "2", "--numel", "20000", "--density", "0.01,1.0", "--schemes",
-               "compact,dense", "--repeats", "1", "--bw", "100", "--out", str(tmp_path / "o"), "--json", str(out),
-               "--no-plot", "--timeout", "120"])
+    rc = main(["bench", "net", "--quick", "--bw", "1000", "--out", str(tmp_path / "o"), "--json", str(out),
+               "--timeout", "300"])
     assert rc == 0
     records = json.loads(out.read_text())["records"]
-    assert len(records) == 2 * 3  # 2 densities x (gloo + 2 schemes)
+    # densities 0.01 and 1.0 x (gloo ring + auto + dense) + gloo-sparse at 0.01 only
+    assert len(records) == 2 * 3 + 1
     for r in records:
         for name, types in RECORD_FIELDS.items():
             assert isinstance(r[name], types), (name, r[name])
-        assert r["method"] in ("gloo-ring", "homagg") and r["bw_mbit"] == 100.0
+        assert r["method"] in ("gloo-ring", "gloo-sparse", "homagg") and r["bw_mbit"] == 1000.0
         assert r["exact"] is True
         ring = 2 * (r["world"] - 1) / r["world"] * 4 * r["numel"]
         assert r["physical_limit_speedup"] == pytest.approx(ring / r["bytes_per_worker"])
-    sparse = [r for r in records if r["method"] == "homagg" and r["scheme"] == "compact" and r["density"] == 0.01]
-    assert sparse and sparse[0]["bytes_per_worker"] < 2 * 4 * 20000 / 2  # below the ring's bytes
+        if r["method"] != "gloo-ring":
+            assert r["speedup_vs_gloo"] is not None and r["ratio_to_limit"] is not None
+    (coo,) = [r for r in records if r["method"] == "gloo-sparse"]
+    assert coo["density"] == 0.01 and coo["bytes_per_worker"] == pytest.approx(
+        sparse_allgather_bytes(round(0.01 * coo["numel"]), coo["world"]))
+    sparse = [r for r in records if r["method"] == "homagg" and r["scheme"] == "auto" and r["density"] == 0.01]
+    assert sparse and sparse[0]["bytes_per_worker"] < 2 * 4 * 1_000_000 / 2  # below the ring's bytes
+    assert (tmp_path / "o" / "speedup-w2.png").stat().st_size > 0
+    assert "| limit x |" in (tmp_path / "o" / "table.md").read_text()
     assert _namespaces() - before == set()  # every namespace deleted again
 
 

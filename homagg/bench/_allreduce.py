@@ -1,6 +1,6 @@
 """``homagg bench allreduce``: ``dist.all_reduce`` through the homagg backend vs gloo, on loopback.
 
-Sweeps world size x (gloo, then every homagg scheme) x numel x density (each axis a comma list or
+Sweeps world size x (gloo's ring, gloo's sparse COO all_reduce, then every homagg scheme) x numel x density (each axis a comma list or
 one value).  For each world size and backend/scheme, ``world`` rank processes are started on
 127.0.0.1 (:func:`homagg.bench._ranks.launch_ranks`; with ``--isolate``, once per configuration
 instead) and run :mod:`homagg.bench._allreduce_rank`: per configuration one warm-up and
@@ -33,13 +33,17 @@ from .._config import SCHEMES
 from .._errors import HomAggError
 from ._ranks import RECORD_MARK, launch_ranks
 
-__all__ = ["configure_parser", "run", "FULL", "QUICK", "RECORD_FIELDS", "RECORD_MARK", "markdown_table"]
+__all__ = ["configure_parser", "run", "BASELINES", "FULL", "QUICK", "RECORD_FIELDS", "RECORD_MARK", "markdown_table"]
 
 #: sweep defaults: world sizes, numels, densities, schemes, repeats
 FULL: dict[str, Any] = {"world": [2, 4, 8], "numel": [1_000_000, 25_000_000],
-                        "density": [1e-4, 1e-3, 1e-2, 0.1, 1.0], "schemes": list(SCHEMES), "repeats": 5}
+                        "density": [1e-4, 1e-3, 1e-2, 0.1, 1.0], "schemes": list(SCHEMES), "repeats": 5,
+                        "baselines": ["gloo", "gloo-sparse"]}
 QUICK: dict[str, Any] = {"world": [2, 4], "numel": [1_000_000], "density": [1e-3, 1e-2, 1.0],
-                         "schemes": ["auto", "dense"], "repeats": 3}
+                         "schemes": ["auto", "dense"], "repeats": 3, "baselines": ["gloo", "gloo-sparse"]}
+#: baseline backends: gloo's ring all_reduce of the dense tensor (the reference of ``speedup_vs_gloo``)
+#: and gloo's all_reduce of the same data as a sparse COO tensor (densities below 1 only)
+BASELINES = ("gloo", "gloo-sparse")
 #: every record's fields and their JSON types (None: the field may be null)
 RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "backend": (str,), "scheme": (str, type(None)), "numel": (int,), "density": (float,), "world": (int,),
@@ -75,6 +79,9 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, timeout: float) -> None
                         help="fraction of nonzeros per rank (default 1e-4,1e-3,1e-2,0.1,1.0)")
     parser.add_argument("--schemes", type=_names, default=None, help="homagg schemes (default auto,sketch,compact,dense)")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per configuration (default 5)")
+    parser.add_argument("--baselines", type=_names, default=None,
+                        help="gloo backends to run beside homagg: gloo (dense ring, always run: the speedup "
+                             "reference), gloo-sparse (sparse COO all_reduce; densities < 1) (default both)")
     parser.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     parser.add_argument("--timeout", type=float, default=timeout,
                         help=f"seconds without a finished call before the ranks count as hung (default {timeout:g})")
@@ -108,6 +115,10 @@ def _sweep(args: argparse.Namespace) -> dict[str, Any]:
     bad = [s for s in sweep["schemes"] if s not in SCHEMES]
     if bad:
         raise HomAggError(f"bench allreduce: unknown scheme(s) {bad}; choose from {list(SCHEMES)}")
+    bad = [b for b in sweep["baselines"] if b not in BASELINES]
+    if bad:
+        raise HomAggError(f"bench allreduce: unknown baseline(s) {bad}; choose from {list(BASELINES)}")
+    sweep["baselines"] = ["gloo"] + [b for b in sweep["baselines"] if b != "gloo"]
     return sweep
 
 
@@ -125,7 +136,10 @@ def _merge(backend: str, scheme: str | None, world: int, lines: list[dict[str, A
         values = [ln[key] for ln in lines]
         return None if any(v is None for v in values) else combine(values) / calls
 
-    bytes_per = per_call("bytes", max) if homagg else 2 * (world - 1) / world * 4 * numel
+    if backend == "gloo":
+        bytes_per: float | None = 2 * (world - 1) / world * 4 * numel
+    else:
+        bytes_per = per_call("bytes", max)
     # a pipelined call's segments take their rounds concurrently: report rounds per segment
     segments = per_call("segments", max) if homagg else None
     rounds = per_call("rounds", max) if homagg else None
@@ -142,14 +156,20 @@ def _merge(backend: str, scheme: str | None, world: int, lines: list[dict[str, A
 
 
 def _units(sweep: dict[str, Any], isolate: bool) -> list[tuple[int, str, str | None, list[int], list[float]]]:
-    """Launches: (world, backend, scheme, numels, densities); gloo first for every world size."""
+    """Launches: (world, backend, scheme, numels, densities); gloo first for every world size.
+
+    ``gloo-sparse`` runs the densities below 1 only (a dense tensor as COO is all overhead)."""
     out = []
     for world in sweep["world"]:
-        for backend, scheme in [("gloo", None)] + [("homagg", s) for s in sweep["schemes"]]:
+        runs = [(b, None) for b in sweep.get("baselines", ["gloo"])] + [("homagg", s) for s in sweep["schemes"]]
+        for backend, scheme in runs:
+            densities = [d for d in sweep["density"] if d < 1.0 or backend != "gloo-sparse"]
+            if not densities:
+                continue
             if isolate:
-                out += [(world, backend, scheme, [n], [d]) for n in sweep["numel"] for d in sweep["density"]]
+                out += [(world, backend, scheme, [n], [d]) for n in sweep["numel"] for d in densities]
             else:
-                out.append((world, backend, scheme, list(sweep["numel"]), list(sweep["density"])))
+                out.append((world, backend, scheme, list(sweep["numel"]), densities))
     return out
 
 
@@ -192,7 +212,7 @@ def _measure(sweep: dict[str, Any], args: argparse.Namespace, machine: dict[str,
     gloo = {(r["numel"], r["density"], r["world"]): r["median_s"] for r in records if r["backend"] == "gloo"}
     for r in records:
         base = gloo.get((r["numel"], r["density"], r["world"]))
-        if r["backend"] == "homagg" and base is not None and r["median_s"] > 0:
+        if r["backend"] != "gloo" and base is not None and r["median_s"] > 0:
             r["speedup_vs_gloo"] = base / r["median_s"]
     return records
 
@@ -201,18 +221,24 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def markdown_table(records: Sequence[dict[str, Any]]) -> str:
-    """One row per record, ordered by numel, world, density, then gloo and the schemes."""
-    order = {s: i for i, s in enumerate((None, *SCHEMES))}
-    rows = sorted(records, key=lambda r: (r["numel"], r["world"], r["density"], order.get(r["scheme"], 9)))
+def markdown_table(records: Sequence[dict[str, Any]], limits: bool = False) -> str:
+    """One row per record, ordered by numel, world, density, then gloo and the schemes; with
+    ``limits``, also each record's ``physical_limit_speedup`` and ``ratio_to_limit``."""
+    order = {s: i for i, s in enumerate((*BASELINES, *SCHEMES))}
+    rows = sorted(records, key=lambda r: (r["numel"], r["world"], r["density"],
+                                          order.get(r["scheme"] or r["backend"], 9)))
     out = ["| numel | world | density | backend | median ms | x gloo | rounds/call | MB/worker | retrans/call | exact |",
            "|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+    if limits:
+        out = [out[0] + " limit x | of limit |", out[1] + "---:|---:|"]
     for r in rows:
         name = r["backend"] if r["scheme"] is None else f"homagg/{r['scheme']}"
         out.append(f"| {r['numel']:,} | {r['world']} | {r['density']:g} | {name} | {r['median_s'] * 1e3:.1f} | "
                    f"{_fmt(r['speedup_vs_gloo'], '.2f')} | {_fmt(r['rounds_per_allreduce'], '.1f')} | "
                    f"{r['bytes_per_worker'] / 1e6:.3g} | {_fmt(r['retransmits'], '.1f')} | "
-                   f"{'yes' if r['exact'] else 'NO'} |")
+                   f"{'yes' if r['exact'] else 'NO'} |"
+                   + (f" {_fmt(r.get('physical_limit_speedup'), '.2f')} | {_fmt(r.get('ratio_to_limit'), '.2f')} |"
+                      if limits else ""))
     return "\n".join(out)
 
 
@@ -231,10 +257,10 @@ def _plot(records: Sequence[dict[str, Any]], path: Path) -> None:
         for j, world in enumerate(worlds):
             ax = axes[i][j]
             here = [r for r in records if r["numel"] == numel and r["world"] == world and r["speedup_vs_gloo"]]
-            for scheme in SCHEMES:
-                pts = sorted((r["density"], r["speedup_vs_gloo"]) for r in here if r["scheme"] == scheme)
+            for name in (*BASELINES[1:], *SCHEMES):
+                pts = sorted((r["density"], r["speedup_vs_gloo"]) for r in here if (r["scheme"] or r["backend"]) == name)
                 if pts:
-                    ax.plot(*zip(*pts), marker="o", label=scheme)
+                    ax.plot(*zip(*pts), marker="o", label=name)
             ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
             ax.set_xscale("log")
             ax.set_title(f"numel {numel:,}, world {world}")

@@ -3,6 +3,10 @@
 A rank joins the default group of one backend (``gloo``, or ``homagg`` with one scheme through
 ``pg_options``) and, for every (numel, density) it is given, times one warm-up and ``repeats``
 calls of ``dist.all_reduce`` (each after a barrier) and prints one JSON line per configuration.
+Backend ``gloo-sparse`` is gloo's all_reduce of the same data as a torch sparse COO tensor (what
+torch offers for sparse gradients: gloo all-gathers every rank's indices and values and sums
+locally); the input is converted to COO before the clock starts, as an ``nn.Embedding(sparse=True)``
+gradient already is COO, and the (coalesced) result is densified after it stops for the check.
 
 Inputs are generated deterministically from seeds (:func:`make_tensor`): ``density * numel``
 standard-normal nonzeros, half at positions shared by all ranks, the rest rank-specific; density 1
@@ -27,7 +31,7 @@ import torch
 
 from ._ranks import RECORD_MARK, die_with_launcher
 
-__all__ = ["make_tensor", "oracle", "check_result", "rank_main"]
+__all__ = ["make_tensor", "oracle", "check_result", "rank_main", "sparse_allgather_bytes"]
 
 
 def _seed(*parts: object) -> int:
@@ -103,12 +107,35 @@ def _counters(pg: Any) -> tuple[int, int, int | None, int] | None:
             int(stats.segments))
 
 
-def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, block: int) -> dict[str, Any]:
+def sparse_allgather_bytes(nnz: int, world: int, ndim: int = 1, elem_size: int = 4) -> int:
+    """Bytes a rank sends in gloo's sparse all_reduce: a ring all-gather forwards the other
+    ``world - 1`` ranks' (int64 indices, values) once each (``nnz`` per rank; sizes metadata
+    not counted)."""
+    return (world - 1) * nnz * (8 * ndim + elem_size)
+
+
+def _reduce(buf: torch.Tensor) -> torch.Tensor:
+    """``dist.all_reduce(buf)``'s result: ``buf`` itself, or for a sparse COO input the new
+    (coalesced) tensor gloo hands back through the work object."""
+    import torch.distributed as dist
+
+    if buf.layout == torch.strided:
+        dist.all_reduce(buf)
+        return buf
+    work = dist.all_reduce(buf, async_op=True)
+    work.wait()
+    return work.result()[0]
+
+
+def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, block: int,
+                sparse: bool = False) -> dict[str, Any]:
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     load = os.getloadavg()
     x = make_tensor(numel, density, rank, seed)
+    if sparse:
+        x = x.to_sparse()
     exact, bound = oracle(numel, density, world, seed, block) if rank == 0 else (None, None)
     times: list[float] = []
     digests: list[str] = []
@@ -120,10 +147,12 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
         buf = x.clone()
         dist.barrier()
         t0 = time.perf_counter()
-        dist.all_reduce(buf)
+        buf = _reduce(buf)
         elapsed = time.perf_counter() - t0
         if call:
             times.append(elapsed)
+        if sparse:
+            buf = buf.to_dense()
         digests.append(hashlib.blake2b(buf.numpy()).hexdigest())
         if exact is not None and bound is not None:
             call_ok, call_err = check_result(buf, exact, bound, block)
@@ -135,6 +164,8 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
     out: dict[str, Any] = {"numel": numel, "density": density, "times": times, "digests": digests,
                            "load_avg": list(load), "rounds": None, "bytes": None, "retransmits": None,
                            "segments": None}
+    if sparse:
+        out["bytes"] = repeats * sparse_allgather_bytes(int(x._nnz()), world)
     if before is not None and after is not None:
         out.update(rounds=after[0] - before[0], bytes=after[1] - before[1], segments=after[3] - before[3],
                    retransmits=None if after[2] is None or before[2] is None else after[2] - before[2])
@@ -154,13 +185,15 @@ def rank_main(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     backend = args._backend
     options = {"scheme": args._scheme} if backend == "homagg" else None
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout), pg_options=options)
+    sparse = backend == "gloo-sparse"
+    dist.init_process_group("gloo" if sparse else backend, timeout=timedelta(seconds=args.timeout),
+                            pg_options=options)
     try:
         pg = dist.distributed_c10d._get_default_group()
         block = homagg.CodecConfig().block_size
         for numel in args._numels:
             for density in args._densities:
-                line = _one_config(pg, numel, density, args.repeats, args.seed, block)
+                line = _one_config(pg, numel, density, args.repeats, args.seed, block, sparse=sparse)
                 print(f"\n{RECORD_MARK}{json.dumps(line)}", flush=True)
     finally:
         dist.destroy_process_group()

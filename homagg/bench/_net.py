@@ -2,33 +2,42 @@
 
 W worker hosts and one switch host in network namespaces (:class:`~homagg.bench._netns.StarNet`),
 every link shaped with ``tc tbf`` to ``--bw`` Mbit/s.  On identical tensors, in the same run:
-gloo's ring all_reduce between the worker hosts (routed through the switch host), and homagg
-through the Python emulator on the switch host, every scheme (dense = SwitchML-style in-network
-aggregation).  The ranks are those of ``homagg bench allreduce`` (same inputs, same exactness
+gloo's ring all_reduce between the worker hosts (routed through the switch host), gloo's
+all_reduce of the same data as a sparse COO tensor (what torch offers for sparse gradients; an
+all-gather of indices and values, densities below 1 only), and homagg through the Python
+emulator on the switch host, every scheme (dense = SwitchML-style in-network aggregation).  The ranks are those of ``homagg bench allreduce`` (same inputs, same exactness
 check), started inside the namespaces.
 
-Each record adds to ``homagg bench allreduce``'s: ``method`` (``gloo-ring`` / ``homagg``),
+Each record adds to ``homagg bench allreduce``'s: ``method`` (``gloo-ring`` / ``gloo-sparse`` /
+``homagg``),
 ``bw_mbit``, ``physical_limit_speedup`` (ring bytes per worker / this method's bytes per worker)
 and ``ratio_to_limit`` (``speedup_vs_gloo / physical_limit_speedup``).  Needs root; without it
 the command says what it needs and exits non-zero (no loopback fallback).  Links have no delay or
 loss (this kernel has no ``netem``): the comparison is about bandwidth only.
+
+Output folder: ``records.json``, ``table.md`` and ``speedup-w<W>.png`` per world size (speedup
+vs density, one panel per (bandwidth, numel), each method's physical-limit speedup dotted in
+its colour).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .._errors import HomAggError
-from ._allreduce import _floats, _machine, _measure, _plot, _sweep, add_sweep_arguments, markdown_table
+from ._allreduce import _floats, _machine, _measure, _sweep, add_sweep_arguments, markdown_table
 from ._netns import StarNet, require_root
 
-__all__ = ["configure_parser", "run"]
+__all__ = ["configure_parser", "run", "plot_net", "METHODS"]
 
 QUICK = {"world": [2], "numel": [1_000_000], "density": [0.01, 1.0], "schemes": ["auto", "dense"], "repeats": 3}
+METHODS = {"gloo": "gloo-ring", "gloo-sparse": "gloo-sparse", "homagg": "homagg"}
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -44,9 +53,48 @@ def _with_limits(record: dict[str, Any], bw: float) -> dict[str, Any]:
     ring = 2 * (record["world"] - 1) / record["world"] * 4 * record["numel"]
     limit = ring / record["bytes_per_worker"] if record["bytes_per_worker"] > 0 else None
     speedup = record["speedup_vs_gloo"]
-    return {**record, "method": "homagg" if record["backend"] == "homagg" else "gloo-ring", "bw_mbit": bw,
+    return {**record, "method": METHODS[record["backend"]], "bw_mbit": bw,
             "physical_limit_speedup": limit,
             "ratio_to_limit": speedup / limit if speedup is not None and limit else None}
+
+
+def plot_net(records: Sequence[dict[str, Any]], path: Path) -> None:
+    """Speedup vs density (log-log), one panel per (bandwidth, numel); one colour per method/scheme,
+    its measured speedup solid and its physical-limit speedup (ring bytes / its bytes) dotted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bws = sorted({r["bw_mbit"] for r in records})
+    numels = sorted({r["numel"] for r in records})
+    fig, axes = plt.subplots(len(bws), len(numels), figsize=(4.5 * len(numels), 3.4 * len(bws)), squeeze=False)
+    for i, bw in enumerate(bws):
+        for j, numel in enumerate(numels):
+            ax = axes[i][j]
+            here = [r for r in records if r["bw_mbit"] == bw and r["numel"] == numel and r["backend"] != "gloo"]
+            names = sorted({r["scheme"] or r["backend"] for r in here})
+            for k, name in enumerate(names):
+                mine = sorted((r for r in here if (r["scheme"] or r["backend"]) == name), key=lambda r: r["density"])
+                color = f"C{k}"
+                pts = [(r["density"], r["speedup_vs_gloo"]) for r in mine if r["speedup_vs_gloo"]]
+                limit = [(r["density"], r["physical_limit_speedup"]) for r in mine if r["physical_limit_speedup"]]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", color=color, label=name)
+                if limit:
+                    ax.plot(*zip(*limit), linestyle=":", color=color, linewidth=1)
+            ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_title(f"{bw:g} Mbit/s, numel {numel:,}, world {records[0]['world'] if records else '?'}",
+                         fontsize="small")
+            ax.set_xlabel("density")
+            ax.set_ylabel("speedup vs gloo ring (dotted: physical limit)", fontsize="small")
+            if here:
+                ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,16 +124,20 @@ def run(args: argparse.Namespace) -> int:
     (out_dir / "records.json").write_text(text + "\n")
     if args.json:
         Path(args.json).write_text(text + "\n")
-    lines = []
+    loads = [r["load_avg"][0] for r in records]
+    lines = [f"machine: {machine['platform']}, {machine['cpus']} cpus; 1-min load {min(loads):.1f}-{max(loads):.1f}; "
+             f"{sweep['repeats']} repeats, medians of the slowest rank; links: tc tbf, no delay/loss; "
+             f"wall {report['wall_s']} s", ""]
     for bw in bws:
-        lines += [f"### {bw:g} Mbit/s links", "", markdown_table([r for r in records if r["bw_mbit"] == bw]), ""]
+        lines += [f"### {bw:g} Mbit/s links", "", markdown_table([r for r in records if r["bw_mbit"] == bw], limits=True), ""]
     table = "\n".join(lines)
     (out_dir / "table.md").write_text(table + "\n")
     if not args.no_plot:
         try:
-            _plot(records, out_dir / "speedup.png")
+            for world in sweep["world"]:
+                plot_net([r for r in records if r["world"] == world], out_dir / f"speedup-w{world}.png")
         except ImportError:
-            pass
+            print("bench net: matplotlib missing (pip install 'homagg[bench]'): no plots", file=sys.stderr)
     print(table)
     print(f"results in {out_dir}")
     if not all(r["exact"] for r in records):

@@ -26,6 +26,11 @@ group is created; an invalid value raises :class:`~homagg.ConfigError` naming th
                                                   :data:`homagg.jobs.EMULATOR` / :data:`~homagg.jobs.P4`)
 ``slots``           ``HOMAGG_SLOTS``              switch slots of the group's job = send window
                                                   in packets (default: 16 embedded, 64 external)
+``compress``        ``HOMAGG_COMPRESS``           gradient compression in front of the codec
+                                                  (default: none, exact), a spec such as
+                                                  ``topk:0.01``, ``dgc:0.001``, ``onebit``,
+                                                  ``qsgd:levels=16`` (:mod:`homagg.compress`);
+                                                  stored in canonical form
 ``codec``           (none)                        dict of extra keyword options for
                                                   :func:`homagg.allreduce`
 =================  ===========================  ==============================================
@@ -57,6 +62,7 @@ ENV_VARS: dict[str, str] = {
     "emulator_host": "HOMAGG_EMULATOR_HOST",
     "words_per_packet": "HOMAGG_WORDS_PER_PACKET",
     "slots": "HOMAGG_SLOTS",
+    "compress": "HOMAGG_COMPRESS",
 }
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -83,6 +89,7 @@ class BackendConfig:
     emulator_host: str | None = None
     words_per_packet: int | None = None
     slots: int | None = None
+    compress: str | None = None
     codec: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -100,6 +107,8 @@ class BackendConfig:
                 raise ConfigError(f"{key}: expected an int in [{low}, {high}], got {value!r}")
         if self.emulator_host is not None and not self.emulator_host.strip():
             raise ConfigError("emulator_host: empty address")
+        if self.compress is not None and _compress_spec(self.compress, source="compress") != self.compress:
+            raise ConfigError(f"compress: {self.compress!r} is not a canonical spec (build it with BackendConfig.resolve)")
         if not isinstance(self.codec, Mapping) or not all(isinstance(k, str) and k.isidentifier() for k in self.codec):
             raise ConfigError(f"codec: expected a dict of keyword options, got {self.codec!r}")
 
@@ -150,6 +159,19 @@ class BackendConfig:
         return cls(**values)
 
 
+def _compress_spec(value: Any, *, source: str) -> str | None:
+    """The canonical form of a compression spec (``None`` for none/exact); ConfigError if invalid."""
+    from ..compress._spec import format_spec, parse
+
+    if not isinstance(value, str):
+        raise ConfigError(f"{source}: expected a compression spec string such as 'topk:0.01', got {type(value).__name__}")
+    try:
+        stages = parse(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return None if stages is None else format_spec(stages)
+
+
 def _convert(key: str, value: Any, *, source: str) -> Any:
     """Normalise one raw option value (a string from the environment or a Python value)."""
     if key == "timeout":
@@ -168,6 +190,8 @@ def _convert(key: str, value: Any, *, source: str) -> Any:
         if isinstance(value, float) and number != value:
             raise ConfigError(f"{source}: {key} {value!r} is not an integer")
         return number
+    if key == "compress":
+        return None if value is None else _compress_spec(value, source=source)
     if not isinstance(value, str):
         raise ConfigError(f"{source}: expected a string, got {type(value).__name__}")
     value = value.strip()

@@ -4,8 +4,8 @@ Rounds (a generator of rounds, like the codec's protocols: it never knows how wo
 
     first call   1  qscale (MAX, one word per block)            -> agreed scale code K
                  2  qcodes (ADD, packed codes under K)           -> summed codes
-    steady       1  qscale (MAX) + qguess (MAX) + qcodes (ADD, under the guess)
-                 2  qredo (ADD) only for blocks whose guess was wrong (rare)
+    steady       1  qscale (MAX) + qguess, qguessmax (MAX) + qcodes (ADD, under the guess)
+                 2  qredo (ADD) only for blocks where workers guessed differently
     onebit       1  qscale (MAX) + qcodes (ADD): its codes do not depend on the scale
 
 **The scale round is the codec's exponent round.**  A block's scale is coded as the integer ``k``
@@ -13,21 +13,29 @@ with ``2**(k/R) > sigma`` minimal (``R`` = ``steps`` grid points per octave; ``R
 ``sigma = max|x|`` gives exactly the codec's frexp block exponent, :func:`homagg._blocks.exponents`),
 ``EMPTY_EXPONENT`` for an all-zero block.  MAX over workers gives the shared ``K``; the scale is
 ``2**(K/R)``, computed from the integer alone (a host table of ``2**(j/R)`` and an exact
-``ldexp``), so every worker, on any device, uses the same float.  In the steady state the guess /
-settle machinery of :mod:`homagg._fixedpoint` is reused unchanged: each worker quantises under
-``max(previous K, own k)`` (its guess), sends the fresh ``k`` and ``-guess`` with MAX in the same
-round as its codes, and the blocks where a contributor's guess differs from the agreed ``K`` are
-re-sent under ``K`` (codes of a worker whose block is all zero do not depend on the scale).
-Stochastic codes use the same uniform draws in the redo, so results are bit-identical with or
-without history.
+``ldexp``), so every worker, on any device, uses the same float.
+
+**Steady state: a guess that only has to be common, not exact.**  As in the codec
+(:func:`homagg._fixedpoint.guess_exponents`), each worker quantises under its guess
+``max(previous K, own k)`` and sends, in the same round as its codes, its fresh ``k`` (MAX), its
+guess (MAX) and ``-guess`` (MAX, i.e. the smallest guess).  Unlike the codec, a quantiser does not
+need the *fresh* maximum: any scale at least every contributor's own one keeps the codes valid
+(probabilities <= 1) as long as every contributor used the *same* one.  So a block is accepted when
+the largest and smallest guess agree (then its scale is that guess, i.e. the previous ``K`` unless
+some worker's scale rose above it) and is re-sent under the fresh ``K`` only otherwise (codes of a
+worker whose block is all zero do not depend on the scale, so such a worker does not count).
+Consequence: while gradient magnitudes shrink, a block's scale lags one call behind (at most the
+previous call's maximum), which adds variance (stochastic codes) or raises the 2-bit threshold for
+that call, but never bias; every call with no rising block takes a single round.  The fresh ``K``
+is what the :class:`~homagg.History` records for the next guess.
 
 **Packing.**  Codes ``u in [0, umax]`` summed over W workers fit in ``b = bit_length(W * umax)``
 bits, so ``32 // b`` codes share one int32 word as disjoint bit lanes; ADD modulo 2**32 of such
 words never carries between lanes (each lane's sum is < 2**b).  E.g. W = 4: onebit 10 codes per
 word (3.2 bits each), TernGrad 8, QSGD with 16 levels 4.
 
-Invariant: the decoded sum equals ``sum over workers of s * (a*u_w - c) / d`` with the agreed
-``s``, computed from exact integer sums with one float64 rounding; every worker gets the same
+Invariant: the decoded sum equals ``sum over workers of s * (a*u_w - c) / d`` with the block's
+common scale ``s`` (>= every contributor's own scale), computed from exact integer sums with one float64 rounding; every worker gets the same
 bits; each worker's own contribution (``own``) is exactly what it added, for error feedback.
 """
 
@@ -39,7 +47,7 @@ from collections.abc import Generator, Hashable
 import torch
 
 from .._errors import ConfigError, NonFiniteError
-from .._fixedpoint import EMPTY_EXPONENT, guess_exponents, mismatched_blocks, negated_guess
+from .._fixedpoint import EMPTY_EXPONENT, guess_exponents, negated_guess
 from .._history import Agreed, History
 from .._stats import WorkerStats
 from .._worker import Round, exchange
@@ -134,24 +142,29 @@ def quantized_protocol(flat: torch.Tensor, q: Quantizer, rank: int, world_size: 
         agreed, words = yield from exchange([Stream("qscale", CombineOp.MAX, k_local),
                                              Stream("qcodes", CombineOp.ADD, pack(u.reshape(-1), bits))], stats)
         total = unpack(words, bits, nb * q.block).view(nb, q.block)
+        fresh = agreed
     elif prior is None or prior.exponents is None or prior.exponents.numel() != nb:
         (agreed,) = yield from exchange([Stream("qscale", CombineOp.MAX, k_local)], stats)
         u = q.codes(x, scales(agreed, q.steps).unsqueeze(1), noise)
         (words,) = yield from exchange([Stream("qcodes", CombineOp.ADD, pack(u.reshape(-1), bits))], stats)
         total = unpack(words, bits, nb * q.block).view(nb, q.block)
+        fresh = agreed
     else:
         guess = guess_exponents(prior.exponents.to(k_local.device), k_local)
         u = q.codes(x, scales(guess, q.steps).unsqueeze(1), noise)
-        agreed, max_neg, words = yield from exchange([
+        fresh, max_neg, max_guess, words = yield from exchange([
             Stream("qscale", CombineOp.MAX, k_local),
             Stream("qguess", CombineOp.MAX, negated_guess(guess)),
+            Stream("qguessmax", CombineOp.MAX, guess),
             Stream("qcodes", CombineOp.ADD, pack(u.reshape(-1), bits)),
         ], stats)
         total = unpack(words, bits, nb * q.block).view(nb, q.block).clone()
-        bad = mismatched_blocks(agreed, max_neg)
+        held = max_guess != EMPTY_EXPONENT
+        bad = held & (-max_neg.to(torch.int64) != max_guess.to(torch.int64))
+        used = torch.where(bad, fresh, max_guess)  # EMPTY where nobody holds a value (= fresh there)
         if bool(bad.any()):
             rows = torch.nonzero(bad).squeeze(1)
-            s_bad = scales(agreed.index_select(0, rows), q.steps).unsqueeze(1)
+            s_bad = scales(fresh.index_select(0, rows), q.steps).unsqueeze(1)
             redo_u = q.codes(x.index_select(0, rows), s_bad, None if noise is None else noise.index_select(0, rows))
             u = u.clone()
             u[rows] = redo_u
@@ -159,8 +172,9 @@ def quantized_protocol(flat: torch.Tensor, q: Quantizer, rank: int, world_size: 
             stats.redone += redo_u.numel()
             (fixed,) = yield from exchange([Stream("qredo", CombineOp.ADD, pack(redo_u.reshape(-1), bits))], stats)
             total[rows] = unpack(fixed, bits, redo_u.numel()).view(-1, q.block)
+        agreed = used
     if history is not None:
-        history.put(slot, Agreed(agreed, 0))
+        history.put(slot, Agreed(fresh, 0))
     s = scales(agreed, q.steps).unsqueeze(1)
     result = q.sum_values(total, s, world_size).reshape(-1)[:n]
     own = q.values(u, s).reshape(-1)[:n]

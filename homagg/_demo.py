@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     import switch_emulator
 
     from .transport import ControlClient, parse_addr
+    from .transport._auth import resolve_secret
 
     console = Console()
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
@@ -69,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
                       + (f", injected loss {args.drop:.1%}" if args.drop else ""))
         cfg = UdpJobConfig(numel=args.numel, density=args.density, seed=args.seed, data=list(data),
                            control=list(ctl_addr), job=job.to_dict(), timeout=args.timeout, schemes=schemes)
+        secret = sw.secret if sw is not None else resolve_secret(tuple(ctl_addr))  # external: $HOMAGG_SWITCH_SECRET...
+        if secret:
+            cfg["secret"] = secret  # the worker processes register with it
         with Progress(console=console, transient=True) as prog:
             task = prog.add_task("allreduce (workers x schemes)", total=args.workers * len(schemes))
             results = run_udp_job(cfg, args.workers, lambda r, s: prog.advance(task),

@@ -4,6 +4,7 @@ Every error homagg raises derives from :class:`HomAggError`, so callers can catc
 
     HomAggError
     ├── ConfigError            invalid options, scheme names, world sizes, link parameters
+    │   └── AuthenticationError  a switch refused a control request: missing or wrong shared secret
     ├── InputError             a tensor homagg cannot aggregate
     │   ├── NonFiniteError     NaN or Inf in an input (raised before anything is sent)
     │   └── IntegerOverflowError  an integer SUM whose exact result does not fit the dtype
@@ -18,6 +19,7 @@ from __future__ import annotations
 __all__ = [
     "HomAggError",
     "ConfigError",
+    "AuthenticationError",
     "InputError",
     "NonFiniteError",
     "IntegerOverflowError",
@@ -34,6 +36,10 @@ class HomAggError(Exception):
 
 class ConfigError(HomAggError, ValueError):
     """An option, scheme name or parameter is invalid."""
+
+
+class AuthenticationError(ConfigError):
+    """A switch refused a control request: it carried no shared secret, or the wrong one."""
 
 
 class InputError(HomAggError, ValueError):

@@ -44,6 +44,7 @@ class UdpJobConfig(TypedDict):
     timeout: float  #: seconds without progress before a worker raises ``SwitchTimeoutError``
     schemes: list[str]
     return_all: NotRequired[bool]  #: every rank returns its results (default: rank 0 only)
+    secret: NotRequired[str]  #: the switch's control secret (workers register with it)
 
 
 class SwitchAddresses(Protocol):
@@ -51,6 +52,7 @@ class SwitchAddresses(Protocol):
 
     data_addr: tuple[str, int]
     control_addr: tuple[str, int]
+    #: (optional attribute) the control secret, passed to the worker processes
 
 
 def udp_worker(rank: int, cfg: UdpJobConfig, barrier: Any = None, progress: Any = None) -> dict[str, Any]:
@@ -67,7 +69,7 @@ def udp_worker(rank: int, cfg: UdpJobConfig, barrier: Any = None, progress: Any 
     torch.set_num_threads(1)
     tensors = gradients(rank, cfg["numel"], cfg["density"], cfg["seed"])
     port = UdpSwitchPort(tuple(cfg["data"]), job=JobSpec.from_dict(cfg["job"]), rank=rank,
-                         control=tuple(cfg["control"]), timeout=cfg["timeout"])
+                         control=tuple(cfg["control"]), timeout=cfg["timeout"], secret=cfg.get("secret"))
     out: dict[str, Any] = {}
     try:
         for scheme in cfg["schemes"]:
@@ -183,6 +185,8 @@ def run_on_switch(switch: SwitchAddresses, world: int, *, numel: int = 20000, de
         cfg = UdpJobConfig(numel=numel, density=density, seed=seed, data=list(switch.data_addr),
                            control=list(switch.control_addr), job=job.to_dict(), timeout=timeout,
                            schemes=list(schemes))
+        if getattr(switch, "secret", None):
+            cfg["secret"] = switch.secret  # type: ignore[attr-defined]
         try:
             results = run_udp_job(cfg, world, timeout=timeout * 4 * len(schemes))
         finally:

@@ -9,7 +9,13 @@ worker then *registers* its address before it sends (:meth:`homagg.transport.Con
 
 Invariants checked by :meth:`JobSpec.validate`: ``1 <= world_size <= MAX_WORKERS``; every worker id
 ``< world_size`` appears at most once; ``0 <= slot_base`` and ``slot_base + n_slots <= MAX_SLOTS``;
-``1 <= words_per_packet <= MAX_WORDS_JUMBO``; ``0 <= job_id < 2**16``.
+``1 <= words_per_packet <= MAX_WORDS_JUMBO``; ``0 <= job_id < 2**16``; ``0 <= token < 2**32``.
+
+``token`` is the job's admission token (wire v2): every data packet of the job carries it and the
+switch drops packets of an admitted source whose token differs (``drop_token``).  The emulator's
+``admit`` picks a random one when none is given (:meth:`homagg.transport.ControlClient.admit`);
+a job file should give one (``token = 0x...``); a job without one has token 0, which any host
+can guess (the switch logs such an admission as unprotected).  :func:`new_token` makes one.
 
 Defaults, in one place (everything else imports them): :data:`EMULATOR` and :data:`P4`
 (:class:`TargetDefaults`: words per packet and slots of a job on that target; a bare
@@ -30,6 +36,7 @@ Files: :func:`load_jobs` reads JSON (``{"jobs": [...]}`` or a list) or TOML (``[
 from __future__ import annotations
 
 import json
+import secrets
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -49,6 +56,7 @@ __all__ = [
     "JobSpec",
     "load_jobs",
     "read_job_file",
+    "new_token",
 ]
 
 
@@ -122,6 +130,11 @@ def format_addr(addr: tuple[str, int]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def new_token() -> int:
+    """A fresh random nonzero 32-bit job token (:attr:`JobSpec.token`)."""
+    return secrets.randbits(32) or 1
+
+
 @dataclass(frozen=True)
 class WorkerAddr:
     """Where worker ``worker_id`` of a job sends from (and receives results)."""
@@ -147,6 +160,8 @@ class JobSpec:
     workers: tuple[WorkerAddr, ...] = field(default_factory=tuple)
     #: the switch forgets the job after this many seconds without a packet (None: never)
     idle_timeout_s: float | None = None
+    #: the admission token every data packet of the job carries (wire v2; 0: unprotected)
+    token: int = field(default=0, repr=False)
 
     def validate(self) -> JobSpec:
         """Return ``self`` if consistent, else raise :class:`~homagg.ConfigError`."""
@@ -163,6 +178,8 @@ class JobSpec:
             raise ConfigError(f"job {self.job_id}: bad worker ids {ids} for world_size {self.world_size}")
         if self.idle_timeout_s is not None and self.idle_timeout_s <= 0:
             raise ConfigError(f"job {self.job_id}: idle_timeout_s must be > 0")
+        if not 0 <= self.token <= 0xFFFFFFFF:
+            raise ConfigError(f"job {self.job_id}: token outside [0, 2**32)")
         return self
 
     @property
@@ -184,7 +201,8 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> JobSpec:
-        known = {"job_id", "world_size", "slot_base", "n_slots", "words_per_packet", "workers", "idle_timeout_s"}
+        known = {"job_id", "world_size", "slot_base", "n_slots", "words_per_packet", "workers", "idle_timeout_s",
+                 "token"}
         unknown = set(d) - known
         if unknown:
             raise ConfigError(f"unknown job fields {sorted(unknown)}")
@@ -200,6 +218,7 @@ class JobSpec:
                 words_per_packet=int(d.get("words_per_packet", P4.words_per_packet)),
                 workers=workers,
                 idle_timeout_s=None if d.get("idle_timeout_s") is None else float(d["idle_timeout_s"]),
+                token=_int(d.get("token") or 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"bad job description {d!r}: {exc}") from exc
@@ -208,6 +227,11 @@ class JobSpec:
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
         return cls.from_dict(json.loads(text))
+
+
+def _int(v: Any) -> int:
+    """An int from JSON/TOML: a number, or a string in any base Python reads (``"0x1f"``)."""
+    return int(v, 0) if isinstance(v, str) else int(v)
 
 
 def read_job_file(path: str | Path) -> Any:

@@ -1,11 +1,11 @@
-"""The homagg wire format (v1): the single source of truth in code.
+"""The homagg wire format (v2): the single source of truth in code.
 
 ``docs/wire-format.md`` is the human summary of this module; the P4 program (``p4/``), the switch
 emulator (``switch_emulator/``), the scapy layer (:mod:`homagg.wire_scapy`) and the worker's fast
 path all use the constants below, and ``tests/test_wire.py`` proves they agree byte for byte.
 
 Packet: Ethernet / IPv4 / UDP (destination port :data:`HOMAGG_UDP_PORT` towards the switch, source
-port :data:`HOMAGG_UDP_PORT` on results in P4 mode) / homagg header (16 bytes) /
+port :data:`HOMAGG_UDP_PORT` on results in P4 mode) / homagg header (20 bytes) /
 ``word_count`` x int32 payload words.  Everything is big-endian (network order)::
 
      0                   1                   2                   3
@@ -19,7 +19,15 @@ port :data:`HOMAGG_UDP_PORT` on results in P4 mode) / homagg header (16 bytes) /
     +-+-----------------------------+-------------------------------+
     |                            offset                             |
     +---------------------------------------------------------------+
+    |                          job token                            |   (v2)
+    +---------------------------------------------------------------+
     |                 payload: word_count x int32                   |
+
+v2 (this version) = v1 + the 32-bit ``token`` word: the per-job admission token agreed when the
+job was admitted (:attr:`homagg.jobs.JobSpec.token`).  The switch drops a request whose token is
+not its job's (``drop_token``) and echoes the token in results; workers ignore results with
+another token.  What it protects (an off-path host that can spoof an admitted source but does not
+see the job's traffic) and what not (on-path observers, replay within a job): docs and README.
 
 Invariants:
 
@@ -28,6 +36,7 @@ Invariants:
 * ``len(datagram) == HEADER_LEN + 4 * word_count`` exactly; ``1 <= word_count <= MAX_WORDS_JUMBO``.
 * ``worker_id < MAX_WORKERS``; ``slot < 2**15``; ``bank in (0, 1)``.
 * ``tag`` and ``offset`` are opaque to the switch's arithmetic and echoed in results.
+* ``0 <= token < 2**32``; results carry the token of the job they belong to.
 
 Two paths over the same layout (:data:`HEADER_STRUCT` plus the bit packing in
 :func:`pack_header_into` / :func:`unpack_header`, nowhere else):
@@ -72,6 +81,8 @@ __all__ = [
     "FLAGS_POS",
     "WORKER_ID_POS",
     "TAG_MASK",
+    "TOKEN_POS",
+    "TOKEN_MASK",
     "Header",
     "datagram_len",
     "pack_header_into",
@@ -85,7 +96,7 @@ __all__ = [
     "payload_view",
 ]
 
-VERSION = 1
+VERSION = 2
 
 
 class CombineOp(enum.IntEnum):
@@ -107,7 +118,7 @@ OP_MAX: int = int(CombineOp.MAX)  #: signed int32 maximum
 OPS: tuple[int, ...] = tuple(int(o) for o in CombineOp)  #: every valid ``op`` value
 FLAG_RESULT = 0x01  #: switch -> worker
 FLAG_RETRANSMIT = 0x02  #: worker resent this packet after a timeout
-HEADER_LEN = 16
+HEADER_LEN = 20
 P4_WORDS = 32  #: words per packet for the P4 target
 MAX_WORDS_JUMBO = 16000  #: most words per packet the emulator accepts (one UDP datagram)
 MAX_WORKERS = 32  #: width of the per-slot worker bitmap
@@ -116,13 +127,15 @@ HOMAGG_UDP_PORT = 18497  #: 0x4841, "HA"
 WORD_DTYPE = np.dtype(">i4")  #: payload words as they lie on the wire
 
 #: version|op (B), flags (B), job_id (H), worker_id (B), reserved (B), word_count (H),
-#: bank|slot (H), tag (H), offset (I)
-HEADER_STRUCT = struct.Struct("!BBHBBHHHI")
+#: bank|slot (H), tag (H), offset (I), token (I)
+HEADER_STRUCT = struct.Struct("!BBHBBHHHII")
 assert HEADER_STRUCT.size == HEADER_LEN
 
 FLAGS_POS = 1  #: byte offset of ``flags`` in the header
 WORKER_ID_POS = 4  #: byte offset of ``worker_id`` in the header
 TAG_MASK = 0xFFFF  #: ``tag`` is 16 bits
+TOKEN_POS = 16  #: byte offset of ``token`` in the header
+TOKEN_MASK = 0xFFFFFFFF  #: ``token`` is 32 bits
 _RESERVED_POS = 5
 _SLOT_MASK = MAX_SLOTS - 1
 _BANK_SHIFT = 15
@@ -145,6 +158,7 @@ class Header(NamedTuple):
     tag: int
     offset: int
     reserved: int = 0
+    token: int = 0
 
 
 def pack_header_into(
@@ -158,25 +172,27 @@ def pack_header_into(
     slot: int,
     tag: int,
     offset: int,
+    token: int = 0,
     pos: int = 0,
 ) -> None:
-    """Write a version-``VERSION`` header at ``buf[pos:pos+16]`` (fast path, no validation beyond struct's)."""
+    """Write a version-``VERSION`` header at ``buf[pos:pos+HEADER_LEN]`` (fast path, no validation beyond struct's)."""
     _pack_into(
         buf, pos, (VERSION << 4) | op, flags, job_id, worker_id, 0, word_count, (bank << _BANK_SHIFT) | slot, tag,
-        offset,
+        offset, token,
     )
 
 
 def unpack_header(
     buf: bytes | bytearray | memoryview, pos: int = 0
-) -> tuple[int, int, int, int, int, int, int, int, int, int, int]:
+) -> tuple[int, int, int, int, int, int, int, int, int, int, int, int]:
     """The header fields at ``buf[pos:]`` in :class:`Header` order (fast path: no validation at all).
 
-    Returns ``(version, op, flags, job_id, worker_id, word_count, bank, slot, tag, offset, reserved)``;
-    the caller checks version, op, lengths (``buf`` must hold at least :data:`HEADER_LEN` bytes).
+    Returns ``(version, op, flags, job_id, worker_id, word_count, bank, slot, tag, offset, reserved,
+    token)``; the caller checks version, op, lengths, token (``buf`` must hold at least
+    :data:`HEADER_LEN` bytes).
     """
-    vo, flags, job, wid, res, wc, bs, tag, off = _unpack_from(buf, pos)
-    return vo >> 4, vo & 0xF, flags, job, wid, wc, bs >> _BANK_SHIFT, bs & _SLOT_MASK, tag, off, res
+    vo, flags, job, wid, res, wc, bs, tag, off, tok = _unpack_from(buf, pos)
+    return vo >> 4, vo & 0xF, flags, job, wid, wc, bs >> _BANK_SHIFT, bs & _SLOT_MASK, tag, off, res, tok
 
 
 def set_flags(buf: bytearray | memoryview, flags: int, pos: int = 0) -> None:
@@ -198,7 +214,8 @@ def pack_header(h: Header) -> bytes:
     """Bytes of header ``h`` (validated)."""
     _validate(h)
     buf = bytearray(HEADER_LEN)
-    pack_header_into(buf, h.op, h.flags, h.job_id, h.worker_id, h.word_count, h.bank, h.slot, h.tag, h.offset)
+    pack_header_into(buf, h.op, h.flags, h.job_id, h.worker_id, h.word_count, h.bank, h.slot, h.tag, h.offset,
+                     h.token)
     buf[_RESERVED_POS] = h.reserved  # validated: version == VERSION, so only ``reserved`` may differ
     return bytes(buf)
 
@@ -252,5 +269,6 @@ def _validate(h: Header) -> None:
         raise WireFormatError(f"worker_id {h.worker_id} >= MAX_WORKERS={MAX_WORKERS}")
     if not (0 <= h.slot < MAX_SLOTS and h.bank in (0, 1)):
         raise WireFormatError(f"bad slot/bank {h.slot}/{h.bank}")
-    if not (0 <= h.flags < 256 and 0 <= h.job_id < 65536 and 0 <= h.tag < 65536 and 0 <= h.offset < 2**32):
+    if not (0 <= h.flags < 256 and 0 <= h.job_id < 65536 and 0 <= h.tag < 65536 and 0 <= h.offset < 2**32
+            and 0 <= h.token < 2**32):
         raise WireFormatError(f"header field out of range: {h}")

@@ -41,7 +41,7 @@ assert 1 << FLAG_NAMES.index("RETRANSMIT") == wire.FLAG_RETRANSMIT
 
 
 class HomAgg(Packet):
-    """homagg v1 header + int32 payload words (see the diagram in :mod:`homagg.wire`)."""
+    """homagg v2 header (v1 + the job token) + int32 payload words (see the diagram in :mod:`homagg.wire`)."""
 
     name = "HomAgg"
     fields_desc = [
@@ -56,12 +56,14 @@ class HomAgg(Packet):
         BitField("slot", 0, 15),
         ShortField("tag", 0),
         IntField("offset", 0),
+        IntField("token", 0),
         FieldListField("words", [], SignedIntField("word", 0), count_from=lambda p: p.word_count),
     ]
 
     def mysummary(self) -> str:
         return self.sprintf(
             "HomAgg v%version% %op% job=%job_id% w=%worker_id% slot=%slot%/%bank% off=%offset% n=%word_count%"
+            " token=%token%"
         )
 
 

@@ -8,8 +8,9 @@
  *                  word_count >= 1 and equal to what the UDP length says and every word present
  *                  (drop_length), no RESULT flag (drop_result_flag).
  *   admission:     source (ip, udp port) -> (job, worker) and the job's configuration; no entry:
- *                  drop_unknown_source; header job/worker differ: drop_admission_mismatch; more words
- *                  than the job was admitted with: drop_word_count.  A direct counter counts each
+ *                  drop_unknown_source; header job/worker differ: drop_admission_mismatch; header
+ *                  token is not the one the controller installed with the job: drop_token (a
+ *                  spoofed source); more words than the job was admitted with: drop_word_count.  A direct counter counts each
  *                  admitted source's packets.
  */
 #ifndef HOMAGG_ADMISSION_P4
@@ -31,7 +32,7 @@ control Admission(inout headers_t hdr, inout metadata_t meta, in error parser_er
 
     action admit(bit<16> job_id, bit<8> worker_id, bit<16> slot_base, bit<16> n_slots,
                  bit<8> world_size, bit<16> words_per_packet, bit<16> mcast_grp, bit<9> worker_port,
-                 bit<32> epoch) {
+                 bit<32> epoch, bit<32> token) {
         source_packets.count();
         meta.job_id = job_id;
         meta.worker_id = worker_id;
@@ -42,6 +43,7 @@ control Admission(inout headers_t hdr, inout metadata_t meta, in error parser_er
         meta.mcast_grp = mcast_grp;
         meta.worker_port = worker_port;
         meta.epoch = epoch;
+        meta.token = token;
     }
 
     action unknown_source() {
@@ -80,6 +82,8 @@ control Admission(inout headers_t hdr, inout metadata_t meta, in error parser_er
                 if (meta.drop_reason == DROP_NONE) {
                     if (meta.job_id != hdr.homagg.job_id || meta.worker_id != hdr.homagg.worker_id) {
                         meta.drop_reason = DROP_ADMISSION_MISMATCH;
+                    } else if (meta.token != hdr.homagg.token) {
+                        meta.drop_reason = DROP_TOKEN;
                     } else if (hdr.homagg.word_count > meta.words_per_packet) {
                         /* the controller admits words_per_packet <= P4_WORDS: this also drops the
                          * word counts beyond P4_WORDS, whose words the parser left unparsed */

@@ -7,14 +7,14 @@
 #define HOMAGG_CONFIGURATION_P4
 
 /* ---- wire format (docs/wire-format.md) ---- */
-const bit<4>  HOMAGG_VERSION    = 1;       /* [wire] VERSION */
+const bit<4>  HOMAGG_VERSION    = 2;       /* [wire] VERSION */
 const bit<4>  OP_ADD            = 0;       /* [wire] wrapping int32 addition */
 const bit<4>  OP_OR             = 1;       /* [wire] bitwise or */
 const bit<4>  OP_MAX            = 2;       /* [wire] signed int32 maximum */
 const bit<8>  FLAG_RESULT       = 0x01;    /* [wire] switch -> worker */
 const bit<8>  FLAG_RETRANSMIT   = 0x02;    /* [wire] worker resent after a timeout */
 const bit<16> HOMAGG_UDP_PORT   = 18497;   /* [wire] 0x4841 "HA" */
-const bit<16> HEADER_LEN        = 16;      /* [wire] homagg header bytes */
+const bit<16> HEADER_LEN        = 20;      /* [wire] homagg header bytes */
 const bit<16> P4_WORDS          = 32;      /* [wire] K: int32 payload words per packet */
 const bit<32> MAX_WORKERS       = 32;      /* [wire] worker bitmap width */
 const bit<32> MAX_SLOTS         = 32768;   /* [wire] 2**15: slot field width */
@@ -56,6 +56,7 @@ const bit<32> DROP_STALE              = 10;
 const bit<32> DROP_CONFLICT           = 11;
 const bit<32> DROP_CONSUMED           = 12;  /* not an error: absorbed, use not complete yet */
 const bit<32> DROP_SHORT              = 13;  /* UDP payload shorter than the homagg header */
+const bit<32> DROP_TOKEN              = 14;  /* admitted source, but not the job's admission token */
 const bit<32> DROP_REASONS            = 16;  /* size of the drop_reasons counter */
 
 /* Multicast groups: the job's result group is chosen by the controller (one per job);

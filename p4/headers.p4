@@ -1,6 +1,6 @@
 /* headers.p4: packet headers and per-packet metadata.
  *
- * The homagg header (16 bytes, big-endian, docs/wire-format.md):
+ * The homagg header (v2: 20 bytes, big-endian, docs/wire-format.md):
  *
  *  0                   1                   2                   3
  *  0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
@@ -12,6 +12,8 @@
  * |b|          slot (15)          |              tag              |
  * +-+-----------------------------+-------------------------------+
  * |                            offset                             |
+ * +---------------------------------------------------------------+
+ * |                          job token                            |
  * +---------------------------------------------------------------+
  * |                 payload: word_count x int32                   |
  *
@@ -60,6 +62,7 @@ header homagg_t {
     bit<15> slot;
     bit<16> tag;
     bit<32> offset;
+    bit<32> token;           /* the job's admission token (admission.p4 checks it) */
 }
 
 /* One int32 payload word; a packet carries word_count of them (1 .. P4_WORDS). */
@@ -91,6 +94,7 @@ struct metadata_t {
     bit<16> mcast_grp;       /* the job's result multicast group */
     bit<9>  worker_port;     /* egress port towards the sending worker (unicast answers) */
     bit<32> epoch;           /* the job's admission epoch (state.p4: cells of other epochs read as zero) */
+    bit<32> token;           /* the job's admission token, installed by the controller */
     bit<32> cell;
     bit<32> other_cell;
     bit<8>  count;

@@ -10,7 +10,8 @@
  *
  * Egress (HomaggEgress): each copy is rewritten for its destination worker from result_rewrite
  *   (job_id, worker) -> switch MAC/IP, worker MAC/IP/UDP port.  Results leave with
- *   flags = FLAG_RESULT, reserved = 0, worker_id = the destination worker, UDP source port HOMAGG_UDP_PORT,
+ *   flags = FLAG_RESULT, reserved = 0, worker_id = the destination worker, the job token as admitted (the
+ *   packet that completed or asked for the cell passed admission), UDP source port HOMAGG_UDP_PORT,
  *   UDP checksum 0, IPv4 identification 0, DF, TTL RESULT_TTL (checksum recomputed in deparser.p4).
  *   A copy without a rewrite entry is dropped.  Forwarded frames never leave through their ingress
  *   port (flooding prunes it; L2 switches do not hairpin).

@@ -1,22 +1,35 @@
 """``homagg switch`` / ``python -m switch_emulator``: run the emulator, or query a running one.
 
 Addresses: ``--listen HOST:PORT`` is the data address (UDP); the control address (TCP) is
-``--control HOST:PORT``, by default the listen host and the data port + 1 (port 0, "the OS picks",
-stays 0 for both).  Only :mod:`homagg.jobs`, :mod:`homagg.wire` and the control client are
-imported from homagg: the emulator starts without torch.
+``--control HOST:PORT``, by default loopback (127.0.0.1, ``::1`` for an IPv6 listen address) and
+the data port + 1 (port 0, "the OS picks", stays 0 for both): the control port is reachable from
+other machines only when told so.  Only :mod:`homagg.jobs`, :mod:`homagg.wire` and the control
+client are imported from homagg: the emulator starts without torch.
+
+Security: the control port requires a shared secret (:mod:`homagg.transport._auth`):
+``--secret-file PATH`` (read; created with a fresh secret, mode 0600, if missing), else
+``HOMAGG_SWITCH_SECRET`` / ``HOMAGG_SWITCH_SECRET_FILE``, else a fresh secret written to a
+private file in the temporary directory (removed at exit; its path, never the secret, is in the
+banner and the ``--ready-json`` line).  Fault injection over the control port needs
+``--allow-faults`` (or rates given here).  Admissions, removals and refusals are logged on stderr
+(``--log-level``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
+from pathlib import Path
 
 from homagg.jobs import SWITCH_POOL_SLOTS, parse_addr
 from homagg.transport import ControlClient
+from homagg.transport._auth import SECRET_ENV, SECRET_FILE_ENV, new_secret, read_secret_file, write_secret_file
 from homagg.wire import HOMAGG_UDP_PORT
 
 __all__ = ["configure_parser", "run", "addresses"]
@@ -25,7 +38,14 @@ __all__ = ["configure_parser", "run", "addresses"]
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=f"127.0.0.1:{HOMAGG_UDP_PORT}", help="data address HOST:PORT (UDP backend)")
     p.add_argument("--control", default=None,
-                   help="control address HOST:PORT (TCP; default: the --listen host, data port + 1)")
+                   help="control address HOST:PORT (TCP; default: loopback, data port + 1)")
+    p.add_argument("--secret-file", default=None,
+                   help="file holding the control secret (created, mode 0600, if missing; default: "
+                        f"${SECRET_ENV}, ${SECRET_FILE_ENV}, else a temporary file)")
+    p.add_argument("--allow-faults", action="store_true",
+                   help="let control clients change fault injection (implied by --drop/--duplicate/--reorder)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="stderr log of admissions, removals and refused requests (default info)")
     p.add_argument("--backend", choices=("udp", "raw"), default="udp", help="udp socket, or raw AF_PACKET ports")
     p.add_argument("--iface", action="append", default=[], help="raw backend: interface to serve (repeatable)")
     p.add_argument("--slots", type=int, default=SWITCH_POOL_SLOTS, help=f"slot pool size (default {SWITCH_POOL_SLOTS})")
@@ -48,17 +68,51 @@ def addresses(listen: str, control: str | None) -> tuple[tuple[str, int], tuple[
     data = parse_addr(listen, source="--listen")
     if control is not None:
         return data, parse_addr(control, source="--control")
+    loop = "::1" if ":" in data[0] else "127.0.0.1"
     if data[1] == 0:
-        return data, data
-    return data, parse_addr((data[0], data[1] + 1), source="--listen port + 1 (give --control)")
+        return data, (loop, 0)
+    return data, parse_addr((loop, data[1] + 1), source="--listen port + 1 (give --control)")
+
+
+def _server_secret(args: argparse.Namespace) -> tuple[str, Path | None, bool]:
+    """``(secret, file it is in or None, whether this process created that file)``."""
+    if args.secret_file:
+        path = Path(args.secret_file)
+        if not path.exists():
+            write_secret_file(path, new_secret())
+            return read_secret_file(path), path, False  # asked for: kept after exit
+        return read_secret_file(path), path, False
+    if os.environ.get(SECRET_ENV) or os.environ.get(SECRET_FILE_ENV):
+        from homagg.transport._auth import resolve_secret
+
+        f = os.environ.get(SECRET_FILE_ENV)
+        return resolve_secret(None) or "", Path(f) if f and not os.environ.get(SECRET_ENV) else None, False
+    fd, name = tempfile.mkstemp(prefix="homagg-switch-", suffix=".secret")  # mode 0600
+    secret = new_secret()
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return secret, Path(name), True
 
 
 def run(args: argparse.Namespace) -> int:
     data, control = addresses(args.listen, args.control)
     if args.status:
-        with ControlClient(control) as ctl:
+        secret = read_secret_file(args.secret_file) if args.secret_file else None
+        with ControlClient(control, secret=secret) as ctl:
             print(json.dumps(ctl.status(), indent=2))
         return 0
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s homagg switch %(levelname)s: %(message)s")
+    secret, secret_path, own_file = _server_secret(args)
+    try:
+        return _serve(args, data, control, secret, secret_path)
+    finally:
+        if own_file and secret_path is not None:
+            secret_path.unlink(missing_ok=True)
+
+
+def _serve(args: argparse.Namespace, data: tuple[str, int], control: tuple[str, int], secret: str,
+           secret_path: Path | None) -> int:
     from homagg.jobs import load_jobs
 
     from .control import ControlServer
@@ -74,11 +128,12 @@ def run(args: argparse.Namespace) -> int:
         from .io_raw import RawBackend
 
         backend = RawBackend(args.iface, udp_port=data[1])
-    sw = Switch(backend.send, pool_slots=args.slots, faults=faults)  # type: ignore[attr-defined]
+    sw = Switch(backend.send, pool_slots=args.slots, faults=faults,  # type: ignore[attr-defined]
+                allow_faults=args.allow_faults or faults.active)
     sw.data_addr = backend.addr  # type: ignore[attr-defined]
     for spec in load_jobs(args.jobs) if args.jobs else []:
-        sw.admission.admit(spec)
-    ctl = ControlServer(sw, control).start()
+        sw.admit(spec, f"job file {args.jobs}")
+    ctl = ControlServer(sw, control, secret=secret).start()
     stop = threading.Event()
 
     def _term(signum: int, frame: object) -> None:
@@ -89,12 +144,14 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _term)
     if args.watch_stdin:  # the embedded default: no orphan emulator after its owner crashed
         threading.Thread(target=_stop_at_eof, args=(backend,), name="homagg-switch-parent", daemon=True).start()
-    info = {"data": list(backend.addr), "control": list(ctl.addr), "backend": args.backend}  # type: ignore[attr-defined]
+    info = {"data": list(backend.addr), "control": list(ctl.addr), "backend": args.backend,  # type: ignore[attr-defined]
+            "secret_file": None if secret_path is None else str(secret_path)}
     if args.ready_json:
         print(json.dumps(info), flush=True)
     if not args.quiet:
-        print(f"homagg switch emulator: data {info['data']} control {info['control']} ({args.backend})",
-              file=sys.stderr, flush=True)
+        where = f"secret in {secret_path}" if secret_path else f"secret from ${SECRET_ENV}"
+        print(f"homagg switch emulator: data {info['data']} control {info['control']} ({args.backend}; {where}; "
+              f"fault injection {'allowed' if sw.allow_faults else 'off'})", file=sys.stderr, flush=True)
     profile_to = os.environ.get("HOMAGG_EMULATOR_PROFILE")  # cProfile the data loop into this file
     try:
         if profile_to:

@@ -2,7 +2,8 @@
 
 Maps a datagram's source address to ``(job, worker_id)``.  Unknown sources are dropped and counted
 (``drop_unknown_source``); a header whose job/worker disagree with the admitted source is dropped
-(``drop_admission_mismatch``).  The control plane fills the table: :meth:`AdmissionTable.admit`,
+(``drop_admission_mismatch``); so is one without the job's admission token (``drop_token``,
+checked by the pipeline after this lookup, as the P4 ``Admission`` control does).  The control plane fills the table: :meth:`AdmissionTable.admit`,
 :meth:`register`, :meth:`remove`.  Every job owns a disjoint slot range of the pool.
 """
 

@@ -19,6 +19,7 @@ DROP_REASONS = (
     "result_flag",  # a result packet arriving at the switch
     "unknown_source",  # source address not admitted
     "admission_mismatch",  # header job/worker differ from the admitted source's
+    "token",  # right source, job and worker, but not the job's admission token (forged)
     "word_count",  # more words than the job's K
     "slot_range",  # slot outside the job's range
     "duplicate",  # worker already counted in an incomplete slot

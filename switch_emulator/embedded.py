@@ -11,6 +11,12 @@ Both return a :class:`RunningSwitch` with ``data_addr`` (where workers send data
 
 Use :func:`spawn` when the workers run in this process too (the emulator then has its own GIL);
 the ``homagg`` process group's embedded default does.
+
+Both generate the control secret unless given one (``secret=``), hand it to a child through its
+environment (never its command line), and record it for this process's control clients
+(:func:`homagg.transport._auth.remember_secret`); ``RunningSwitch.secret`` holds it for passing on
+to workers in other processes.  Fault injection over the control port is off unless
+``allow_faults`` (or fault rates given at start).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 
 from homagg._errors import TransportError
 from homagg.jobs import SWITCH_POOL_SLOTS
+from homagg.transport._auth import SECRET_ENV, SECRET_FILE_ENV, forget_secret, new_secret, remember_secret
 
 from .control import ControlServer
 from .faults import FaultConfig
@@ -41,10 +48,12 @@ class RunningSwitch:
     control_addr: Addr
     switch: Switch | None = None  #: the live object (in-thread only)
     process: subprocess.Popen[str] | None = None  #: the child (subprocess only)
+    secret: str = field(default="", repr=False)  #: the control secret (never print it)
     _stoppers: list = field(default_factory=list, repr=False)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop serving and release the ports (idempotent; a child is waited for, bounded)."""
+        forget_secret(self.control_addr)
         while self._stoppers:
             self._stoppers.pop()()
         if self.process is not None and self.process.stdin is not None:
@@ -73,12 +82,16 @@ def start(
     *,
     pool_slots: int = SWITCH_POOL_SLOTS,
     faults: FaultConfig | None = None,
+    allow_faults: bool | None = None,
+    secret: str | None = None,
 ) -> RunningSwitch:
     """Serve an emulator (UDP backend) from daemon threads of this process."""
+    secret = secret or new_secret()
     backend = UdpBackend(listen)
-    sw = Switch(backend.send, pool_slots=pool_slots, faults=faults)
+    sw = Switch(backend.send, pool_slots=pool_slots, faults=faults, allow_faults=allow_faults)
     sw.data_addr = backend.addr
-    ctl = ControlServer(sw, control).start()
+    ctl = ControlServer(sw, control, secret=secret).start()
+    remember_secret(ctl.addr, secret)
     t = threading.Thread(target=backend.serve, args=(sw,), name="homagg-switch-data", daemon=True)
     t.start()
 
@@ -88,7 +101,7 @@ def start(
         backend.close()
         ctl.stop()
 
-    return RunningSwitch(backend.addr, ctl.addr, switch=sw, _stoppers=[_stop])
+    return RunningSwitch(backend.addr, ctl.addr, switch=sw, secret=secret, _stoppers=[_stop])
 
 
 def spawn(
@@ -102,22 +115,30 @@ def spawn(
     seed: int | None = None,
     extra_args: list[str] | None = None,
     timeout: float = 30.0,
+    allow_faults: bool = False,
+    secret: str | None = None,
+    log_level: str = "warning",
 ) -> RunningSwitch:
     """Start ``python -m switch_emulator`` as a child; returns once it serves (bound addresses known).
 
     The child holds the read end of a pipe whose write end only this process holds: when this
     process exits for any reason (even SIGKILL) the child sees EOF on stdin and stops, so no
-    emulator outlives its owner.
+    emulator outlives its owner.  ``log_level``: the child's log (admissions, refusals) on stderr.
     """
+    secret = secret or new_secret()
     cmd = [sys.executable, "-m", "switch_emulator", "--listen", f"{listen[0]}:{listen[1]}",
            "--control", f"{control[0]}:{control[1]}", "--slots", str(pool_slots), "--drop", str(drop),
-           "--duplicate", str(duplicate), "--reorder", str(reorder), "--ready-json", "--quiet", "--watch-stdin"]
+           "--duplicate", str(duplicate), "--reorder", str(reorder), "--ready-json", "--quiet", "--watch-stdin", "--log-level", log_level]
+    if allow_faults:
+        cmd.append("--allow-faults")
     if seed is not None:
         cmd += ["--seed", str(seed)]
     cmd += extra_args or []
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env[SECRET_ENV] = secret  # the environment, not argv: /proc/<pid>/cmdline is world-readable
+    env.pop(SECRET_FILE_ENV, None)
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     result: list[str] = []
     reader = threading.Thread(target=lambda: result.append(proc.stdout.readline() if proc.stdout else ""), daemon=True)
@@ -128,4 +149,6 @@ def spawn(
         proc.wait()
         raise TransportError(f"switch emulator did not start within {timeout}s (exit {proc.poll()}): {' '.join(cmd)}")
     info = json.loads(result[0])
-    return RunningSwitch(tuple(info["data"]), tuple(info["control"]), process=proc)  # type: ignore[arg-type]
+    ctl = (str(info["control"][0]), int(info["control"][1]))
+    remember_secret(ctl, secret)
+    return RunningSwitch(tuple(info["data"]), ctl, process=proc, secret=secret)  # type: ignore[arg-type]

@@ -35,7 +35,7 @@ class Pipeline:
         if n < HEADER_LEN:
             c.drop("short")
             return
-        version, op, flags, job_id, wid, wc, bank, slot, tag, offset, _res = unpack_header(buf)
+        version, op, flags, job_id, wid, wc, bank, slot, tag, offset, _res, token = unpack_header(buf)
         if version != VERSION:
             c.drop("version")
             return
@@ -56,6 +56,9 @@ class Pipeline:
         job, worker_id = entry
         if job.spec.job_id != job_id or worker_id != wid:
             c.drop("admission_mismatch")
+            return
+        if token != job.spec.token:  # right source, wrong token: spoofed (or from an old admission)
+            c.drop("token")
             return
         if wc > job.spec.words_per_packet:
             c.drop("word_count")

@@ -4,8 +4,8 @@ A completed (slot, bank) is sent to every worker of the job: one send to the job
 group for the workers subscribed to it (the network replicates; such copies carry ``worker_id``
 0, there is no per-copy rewrite), one unicast per other worker (recipient's ``worker_id``).  A
 retransmission from a worker already counted in a completed bank is answered to that worker alone
-by unicast from the stored registers (the shadow copy).  Results carry ``FLAG_RESULT`` and the
-echoed slot, bank, tag and offset.
+by unicast from the stored registers (the shadow copy).  Results carry ``FLAG_RESULT``, the
+echoed slot, bank, tag and offset, and the job's token.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Replicator:
     def _build(self, job: JobState, i: int) -> memoryview:
         tag, offset, op, wc = job.key[i]  # type: ignore[misc]
         slot = job.spec.slot_base + (i >> 1)
-        pack_header_into(self._buf, op, FLAG_RESULT, job.job_id, 0, wc, i & 1, slot, tag, offset)
+        pack_header_into(self._buf, op, FLAG_RESULT, job.job_id, 0, wc, i & 1, slot, tag, offset, job.spec.token)
         self._words[:wc] = job.regs[i, :wc]
         return self._mv[: datagram_len(wc)]
 

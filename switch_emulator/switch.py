@@ -3,17 +3,24 @@
 Control operations (:meth:`Switch.control`) are what the control server exposes; see
 :mod:`homagg.transport` (``ControlClient``) for the protocol.  ``housekeeping`` forgets jobs idle for longer
 than their ``idle_timeout_s`` (their slots are reclaimed).
+
+Every admission, registration, removal and expiry is logged (logger ``homagg.switch``, INFO) with
+the requesting peer; a job's token and the control secret never are.  Fault injection over the
+control port (``faults``) is refused unless the switch was built with ``allow_faults`` (CLI
+``--allow-faults``, or fault rates given at start).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from homagg._errors import ConfigError, HomAggError
-from homagg.jobs import SWITCH_POOL_SLOTS, JobSpec
+from homagg.jobs import SWITCH_POOL_SLOTS, JobSpec, new_token
 from homagg.transport._sockets import PROBE_PREFIX
 from homagg.wire import VERSION
 
@@ -25,9 +32,12 @@ from .replication import SendFn
 
 __all__ = ["Switch"]
 
+log = logging.getLogger("homagg.switch")
+
 
 class Switch:
-    def __init__(self, send: SendFn, *, pool_slots: int = SWITCH_POOL_SLOTS, faults: FaultConfig | None = None) -> None:
+    def __init__(self, send: SendFn, *, pool_slots: int = SWITCH_POOL_SLOTS, faults: FaultConfig | None = None,
+                 allow_faults: bool | None = None) -> None:
         self.counters = Counters()
         self.admission = AdmissionTable(pool_slots)
         self.pipeline = Pipeline(self.admission, send, self.counters)
@@ -38,6 +48,9 @@ class Switch:
         self.group_for: Callable[[int], tuple[str, int]] | None = None
         self.backend = "none"
         self.started = time.time()
+        self._ctx = threading.local()  # the peer of the request this (control server) thread serves
+        #: may the control port change fault injection? (default: only if started with faults)
+        self.allow_faults = bool(faults and faults.active) if allow_faults is None else allow_faults
 
     @property
     def ingress(self):  # noqa: ANN201 - the function backends call per datagram
@@ -50,17 +63,38 @@ class Switch:
             if t is not None and now - job.last_seen > t:
                 self.admission.remove(job.job_id)
                 self.counters["jobs_expired"] += 1
+                log.info("job %d expired after %.1fs idle; slots %d..%d free", job.job_id, t,
+                         job.spec.slot_base, job.spec.slot_base + job.spec.n_slots - 1)
+
+    @property
+    def _peer(self) -> str:
+        return getattr(self._ctx, "peer", "in-process")
+
+    def admit(self, spec: JobSpec, peer: str = "config") -> Any:
+        """Admit ``spec`` (logged); the JobState."""
+        job = self.admission.admit(spec)
+        self.counters["jobs_admitted"] += 1
+        log.info("job %d admitted by %s: %d workers, slots %d..%d, %d words/packet%s", spec.job_id, peer,
+                 spec.world_size, spec.slot_base, spec.slot_base + spec.n_slots - 1, spec.words_per_packet,
+                 "" if spec.token else " -- token 0: unprotected against spoofed sources")
+        return job
 
     # -- control plane -------------------------------------------------------------------------
-    def control(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Execute one control request; never raises (errors come back as ``ok: false``)."""
+    def control(self, req: dict[str, Any], peer: str = "in-process") -> dict[str, Any]:
+        """Execute one control request from ``peer``; never raises (errors come back as ``ok: false``).
+
+        Authentication is the control server's job (:mod:`.control`); this object trusts its caller.
+        """
         try:
             cmd = req.get("cmd")
             handler = getattr(self, f"_cmd_{cmd}", None)
             if handler is None:
                 raise ConfigError(f"unknown control command {cmd!r}")
+            self._ctx.peer = peer
             return {"ok": True, **handler(req)}
         except (HomAggError, KeyError, TypeError, ValueError) as exc:
+            if req.get("cmd") in ("admit", "register", "remove", "faults"):
+                log.warning("%s from %s refused: %s: %s", req.get("cmd"), peer, type(exc).__name__, exc)
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
     def _cmd_ping(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -74,15 +108,18 @@ class Switch:
         auto_base = d.get("slot_base") is None
         if auto_base:
             d["slot_base"] = 0
+        if d.get("token") is None:
+            d["token"] = new_token()
         spec = JobSpec.from_dict(d)
         if auto_base:
             spec = replace(spec, slot_base=self.admission.free_range(spec.n_slots))
-        job = self.admission.admit(spec)
-        self.counters["jobs_admitted"] += 1
+        job = self.admit(spec, self._peer)
         return {"job": job.spec.to_dict()}
 
     def _cmd_register(self, req: dict[str, Any]) -> dict[str, Any]:
-        job = self.admission.register(int(req["job_id"]), int(req["worker_id"]), (str(req["ip"]), int(req["port"])))
+        job_id, wid, addr = int(req["job_id"]), int(req["worker_id"]), (str(req["ip"]), int(req["port"]))
+        job = self.admission.register(job_id, wid, addr)
+        log.info("job %d worker %d registered %s:%d (by %s)", job_id, wid, addr[0], addr[1], self._peer)
         return {"job": job.spec.to_dict()}
 
     def _cmd_group(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -117,13 +154,17 @@ class Switch:
         return job
 
     def _cmd_remove(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"removed": self.admission.remove(int(req["job_id"]))}
+        job_id = int(req["job_id"])
+        removed = self.admission.remove(job_id)
+        log.info("job %d %s by %s", job_id, "removed" if removed else "not removed (not admitted)", self._peer)
+        return {"removed": removed}
 
     def _cmd_status(self, req: dict[str, Any]) -> dict[str, Any]:
         return {
             "counters": self.counters.snapshot(),
             "jobs": [j.summary() for j in self.admission.jobs.values()],
             "faults": self.faults.config.to_dict(),
+            "faults_allowed": self.allow_faults,
             "pool_slots": self.admission.pool_slots,
             "data": list(self.data_addr or ()),
             "backend": self.backend,
@@ -134,8 +175,11 @@ class Switch:
         return self._job(req).slot_status(int(req["slot"]))
 
     def _cmd_faults(self, req: dict[str, Any]) -> dict[str, Any]:
+        if not self.allow_faults:
+            raise ConfigError("fault injection is disabled on this switch (start it with --allow-faults)")
         cfg = FaultConfig(**{k: req[k] for k in ("drop", "duplicate", "reorder", "seed") if k in req})
         self.faults.configure(cfg)
+        log.info("fault injection set to %s by %s", cfg.to_dict(), self._peer)
         return {"faults": cfg.to_dict()}
 
     def _cmd_reset_counters(self, req: dict[str, Any]) -> dict[str, Any]:

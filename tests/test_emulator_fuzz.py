@@ -21,7 +21,7 @@ N_FUZZ = 10_000
 
 def _garbage(rng: random.Random, legit_job: int, fuzz_layer) -> bytes:  # noqa: ANN001
     kind = rng.randrange(7)
-    good = wire.pack_packet(wire.Header(1, rng.randrange(3), 0, legit_job, rng.randrange(4), 4, rng.randrange(2),
+    good = wire.pack_packet(wire.Header(wire.VERSION, rng.randrange(3), 0, legit_job, rng.randrange(4), 4, rng.randrange(2),
                                         rng.randrange(16), rng.randrange(65536), 0), [1, 2, 3, 4])
     if kind == 0:
         return bytes(fuzz_layer())  # scapy fuzz of every header field and the words

@@ -28,7 +28,7 @@ def _switch() -> tuple[Switch, list[tuple[bytes, tuple[str, int]]]]:
 
 
 def _send(sw: Switch, w: int, words: list[int], flags: int = 0) -> None:
-    pkt = wire.pack_packet(wire.Header(1, wire.OP_ADD, flags, 7, w, len(words), 0, 2, 5, 40), words)
+    pkt = wire.pack_packet(wire.Header(wire.VERSION, wire.OP_ADD, flags, 7, w, len(words), 0, 2, 5, 40), words)
     sw.ingress(pkt, len(pkt), A[w])
 
 

@@ -14,19 +14,21 @@ A = [("10.0.0.1", 5000 + w) for w in range(8)]
 
 
 class Harness:
-    def __init__(self, world: int = 3, k: int = 8, n_slots: int = 4, slot_base: int = 10, job_id: int = 7) -> None:
+    def __init__(self, world: int = 3, k: int = 8, n_slots: int = 4, slot_base: int = 10, job_id: int = 7,
+                 token: int = 0xC0FFEE11) -> None:
         self.sent: list[tuple[bytes, tuple[str, int]]] = []
         self.sw = Switch(lambda d, a: self.sent.append((bytes(d), a)), pool_slots=64)
         workers = tuple(WorkerAddr(w, *A[w]) for w in range(world))
-        self.job = self.sw.admission.admit(JobSpec(job_id, world, slot_base, n_slots, k, workers))
+        self.job = self.sw.admission.admit(JobSpec(job_id, world, slot_base, n_slots, k, workers, token=token))
         self.spec = self.job.spec
 
     def send(self, w: int, words: list[int] | np.ndarray, *, slot: int = 10, bank: int = 0, op: int = wire.OP_ADD,
              tag: int = 1, offset: int = 0, flags: int = 0, job: int | None = None, wid: int | None = None,
-             src: tuple[str, int] | None = None) -> list[tuple[wire.Header, list[int], tuple[str, int]]]:
+             src: tuple[str, int] | None = None, token: int | None = None,
+             ) -> list[tuple[wire.Header, list[int], tuple[str, int]]]:
         words = np.asarray(words)
-        h = wire.Header(1, op, flags, self.spec.job_id if job is None else job, w if wid is None else wid, words.size,
-                        bank, slot, tag, offset)
+        h = wire.Header(wire.VERSION, op, flags, self.spec.job_id if job is None else job, w if wid is None else wid,
+                        words.size, bank, slot, tag, offset, token=self.spec.token if token is None else token)
         pkt = wire.pack_packet(h, words)
         self.sent.clear()
         self.sw.ingress(pkt, len(pkt), A[w] if src is None else src)
@@ -137,8 +139,8 @@ def test_admission_and_range_drops() -> None:
     h.send(0, [1], flags=wire.FLAG_RESULT)
     assert h.drops("result_flag") == 1
     sw = h.sw
-    for bad, reason in [(b"\x10" * 15, "short"), (b"\x20" + b"\x00" * 19, "version"), (b"\x13" + b"\x00" * 19, "op"),
-                        (b"\x10" + b"\x00" * 15, "length"), (b"\x10\x00\x00\x07\x00\x00\x00\x02" + b"\x00" * 12, "length")]:
+    for bad, reason in [(b"\x10" * 15, "short"), (b"\x10" + b"\x00" * 19, "version"), (b"\x23" + b"\x00" * 19, "op"),
+                        (b"\x20" + b"\x00" * 19, "length"), (b"\x20\x00\x00\x07\x00\x00\x00\x02" + b"\x00" * 16, "length")]:
         sw.ingress(bad, len(bad), A[0])
         assert h.drops(reason) >= 1, reason
     assert sw.counters["accepted"] == 0
@@ -154,10 +156,10 @@ def test_jobs_isolated_and_slot_ranges_disjoint() -> None:
         h.sw.admission.admit(JobSpec(9, 2, 20, 4, 8, (WorkerAddr(0, *A[0]),)))
     job2 = h.sw.admission.admit(JobSpec(9, 2, 20, 4, 8, (WorkerAddr(0, *A[2]), WorkerAddr(1, *A[3]))))
     h.send(0, [1])
-    assert h.send(2, [5], job=9, wid=0, slot=10) == []  # job 9 cannot touch job 7's slots
+    assert h.send(2, [5], job=9, wid=0, slot=10, token=0) == []  # job 9 cannot touch job 7's slots
     assert h.drops("slot_range") == 1
-    h.send(2, [5], job=9, wid=0, slot=20)
-    out = h.send(3, [6], job=9, wid=1, slot=20)
+    h.send(2, [5], job=9, wid=0, slot=20, token=0)
+    out = h.send(3, [6], job=9, wid=1, slot=20, token=0)
     assert sorted((w[0], a) for _, w, a in out) == [(11, A[2]), (11, A[3])]
     out = h.send(1, [2])
     assert sorted((w[0], a) for _, w, a in out) == [(3, A[0]), (3, A[1])]
@@ -190,6 +192,9 @@ def test_control_admit_register_status_and_idle_expiry() -> None:
     sw.housekeeping()
     assert [j.job_id for j in sw.admission.jobs.values()] == [2]
     assert sw.admission.lookup(("127.0.0.1", 9)) is None
+    refused = sw.control({"cmd": "faults", "drop": 0.5})  # not started with fault injection enabled
+    assert not refused["ok"] and "--allow-faults" in refused["error"] and not sw.faults.config.active
+    sw.allow_faults = True
     assert sw.control({"cmd": "faults", "drop": 0.5})["faults"]["drop"] == 0.5
     assert not sw.control({"cmd": "faults", "drop": 1.5})["ok"]
 
@@ -203,3 +208,16 @@ def test_fault_injection_counts() -> None:
     c = h.sw.counters
     assert c["drop_injected"] > 50 and c["injected_duplicate"] > 30 and c["injected_reorder"] > 30
     assert c["accepted"] + c["drop_injected"] + c["drop_stale"] + c["drop_conflict"] <= 300 + c["injected_duplicate"]
+
+
+def test_forged_token_with_the_right_source_is_dropped_and_counted() -> None:
+    """Wire v2: a datagram from an admitted source (right job, worker, slot) but with another token
+    changes nothing and is counted as ``drop_token``; results carry the job's token."""
+    h = Harness(world=2, token=0x5EC2E7AA)
+    for forged in (0, 0x5EC2E7AB, 0xFFFFFFFF):
+        assert h.send(0, [1000], token=forged) == []  # spoofed worker 0: would poison the sum
+    assert h.drops("token") == 3 and h.sw.counters["accepted"] == 0
+    assert h.send(0, [1]) == []
+    out = h.send(1, [2])
+    assert [(rh.token, words) for rh, words, _ in out] == [(0x5EC2E7AA, [3])] * 2  # exact: no forged value
+    assert h.sw.counters.snapshot()["drop_token"] == 3

@@ -84,9 +84,10 @@ def _decode(layout: list[tuple[str, int]], data: bytes) -> dict[str, int]:
     "hdr",
     [
         wire.Header(wire.VERSION, wire.OP_MAX, wire.FLAG_RESULT | wire.FLAG_RETRANSMIT, 0xBEEF, 31,
-                    wire.P4_WORDS, 1, 0x7FFF, 0xCAFE, 0xDEADBEEF),
+                    wire.P4_WORDS, 1, 0x7FFF, 0xCAFE, 0xDEADBEEF, token=0xFEDCBA98),
         wire.Header(wire.VERSION, wire.OP_ADD, 0, 1, 0, 1, 0, 0, 0, 0),
-        wire.Header(wire.VERSION, wire.OP_OR, wire.FLAG_RETRANSMIT, 0x1234, 7, 16000, 1, 0x1357, 0x2468, 0x01020304),
+        wire.Header(wire.VERSION, wire.OP_OR, wire.FLAG_RETRANSMIT, 0x1234, 7, 16000, 1, 0x1357, 0x2468, 0x01020304,
+                    token=1),
     ],
 )
 def test_p4_layout_decodes_wire_bytes(hdr: wire.Header) -> None:
@@ -94,7 +95,7 @@ def test_p4_layout_decodes_wire_bytes(hdr: wire.Header) -> None:
     assert got == {
         "version": hdr.version, "op": hdr.op, "flags": hdr.flags, "job_id": hdr.job_id,
         "worker_id": hdr.worker_id, "reserved": 0, "word_count": hdr.word_count,
-        "bank": hdr.bank, "slot": hdr.slot, "tag": hdr.tag, "offset": hdr.offset,
+        "bank": hdr.bank, "slot": hdr.slot, "tag": hdr.tag, "offset": hdr.offset, "token": hdr.token,
     }
 
 

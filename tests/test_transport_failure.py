@@ -18,7 +18,8 @@ def test_killed_worker_typed_error_slots_reclaimed_next_job_fine() -> None:
         world, victim = 3, 1
         job = ctl.admit(world, n_slots=8, words_per_packet=16)
         cfg = UdpJobConfig(numel=400000, density=0.02, seed=0, data=list(sw.data_addr),
-                           control=list(sw.control_addr), job=job.to_dict(), timeout=TIMEOUT, schemes=["dense"])
+                           control=list(sw.control_addr), job=job.to_dict(), timeout=TIMEOUT, schemes=["dense"],
+                           secret=sw.secret)
         barrier = context().Barrier(world)
         ws = Workers(udp_worker, world, cfg, barrier, None)
         deadline = time.monotonic() + 60

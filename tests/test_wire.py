@@ -13,7 +13,7 @@ import homagg
 from homagg._errors import WireFormatError
 
 GOLDEN_HEADER = bytes.fromhex(
-    "12"  # version 1, op MAX (2)
+    "22"  # version 2, op MAX (2)
     "03"  # flags RESULT | RETRANSMIT
     "0102"  # job_id 258
     "05"  # worker_id 5
@@ -22,12 +22,13 @@ GOLDEN_HEADER = bytes.fromhex(
     "9234"  # bank 1, slot 0x1234
     "beef"  # tag
     "01020304"  # offset
+    "a5c3e10f"  # token
 )
 GOLDEN_PAYLOAD = bytes.fromhex("00000001" "ffffffff" "7fffffff")
 GOLDEN = GOLDEN_HEADER + GOLDEN_PAYLOAD
 GOLDEN_FIELDS = dict(
-    version=1, op=wire.OP_MAX, flags=3, job_id=258, worker_id=5, word_count=3, bank=1, slot=0x1234, tag=0xBEEF,
-    offset=0x01020304,
+    version=2, op=wire.OP_MAX, flags=3, job_id=258, worker_id=5, word_count=3, bank=1, slot=0x1234, tag=0xBEEF,
+    offset=0x01020304, token=0xA5C3E10F,
 )
 GOLDEN_WORDS = [1, -1, 2**31 - 1]
 
@@ -42,7 +43,7 @@ def test_constants_match_doc_and_contract() -> None:
     assert homagg.CombineOp is wire.CombineOp  # one op enum, exported by the package
     assert wire.OPS == (wire.OP_ADD, wire.OP_OR, wire.OP_MAX) == tuple(int(o) for o in wire.CombineOp) == (0, 1, 2)
     assert wire.HOMAGG_UDP_PORT == 0x4841
-    assert wire.HEADER_STRUCT.size == wire.HEADER_LEN == 16
+    assert wire.HEADER_STRUCT.size == wire.HEADER_LEN == 20
     assert wire.HEADER_LEN + 4 * wire.MAX_WORDS_JUMBO <= 65507  # one UDP/IPv4 datagram
 
 
@@ -50,8 +51,8 @@ def test_fast_path_golden() -> None:
     h = wire.Header(**GOLDEN_FIELDS)
     assert wire.pack_packet(h, GOLDEN_WORDS) == GOLDEN
     buf = bytearray(64)
-    wire.pack_header_into(buf, wire.OP_MAX, 3, 258, 5, 3, 1, 0x1234, 0xBEEF, 0x01020304)
-    assert bytes(buf[:16]) == GOLDEN_HEADER
+    wire.pack_header_into(buf, wire.OP_MAX, 3, 258, 5, 3, 1, 0x1234, 0xBEEF, 0x01020304, 0xA5C3E10F)
+    assert bytes(buf[:20]) == GOLDEN_HEADER
     parsed, words = wire.parse_packet(GOLDEN)
     assert parsed == h
     assert words.tolist() == GOLDEN_WORDS
@@ -71,7 +72,8 @@ def test_fast_unpack_and_byte_rewrites_golden() -> None:
     assert (got.flags, got.worker_id) == (wire.FLAG_RESULT, 17)
     assert wire.datagram_len(3) == len(GOLDEN)
     # reserved is carried by the checked path and ignored by nothing else
-    assert wire.unpack_header(GOLDEN[:5] + b"\x09" + GOLDEN[6:])[-1] == 9
+    assert wire.unpack_header(GOLDEN[:5] + b"\x09" + GOLDEN[6:])[-2] == 9
+    assert wire.TOKEN_POS == 16 and GOLDEN[wire.TOKEN_POS:wire.HEADER_LEN] == bytes.fromhex("a5c3e10f")
 
 
 def test_scapy_golden_build_parse_roundtrip() -> None:
@@ -106,9 +108,10 @@ def test_random_roundtrip_fast_vs_scapy(seed: int) -> None:
     rng = np.random.default_rng(seed)
     wc = int(rng.integers(1, 300))
     fields = dict(
-        version=1, op=int(rng.integers(0, 3)), flags=int(rng.integers(0, 4)), job_id=int(rng.integers(0, 65536)),
+        version=2, op=int(rng.integers(0, 3)), flags=int(rng.integers(0, 4)), job_id=int(rng.integers(0, 65536)),
         worker_id=int(rng.integers(0, 32)), word_count=wc, bank=int(rng.integers(0, 2)),
         slot=int(rng.integers(0, 2**15)), tag=int(rng.integers(0, 65536)), offset=int(rng.integers(0, 2**32)),
+        token=int(rng.integers(0, 2**32)),
     )
     words = rng.integers(-(2**31), 2**31, size=wc, dtype=np.int64)
     fast = wire.pack_packet(wire.Header(**fields), words)
@@ -121,9 +124,9 @@ def test_random_roundtrip_fast_vs_scapy(seed: int) -> None:
 @pytest.mark.parametrize(
     "data, match",
     [
-        (GOLDEN[:15], "shorter"),
-        (b"\x22" + GOLDEN[1:], "version"),
-        (b"\x13" + GOLDEN[1:], "op"),
+        (GOLDEN[:19], "shorter"),
+        (b"\x12" + GOLDEN[1:], "version"),  # a v1 header (16 bytes, no token)
+        (b"\x23" + GOLDEN[1:], "op"),
         (GOLDEN[:6] + b"\x00\x00" + GOLDEN[8:], "word_count"),
         (GOLDEN[:6] + b"\x3f\x00" + GOLDEN[8:], "word_count"),
         (GOLDEN[:-1], "does not hold"),

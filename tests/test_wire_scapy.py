@@ -18,10 +18,10 @@ from scapy.packet import Raw  # noqa: E402
 from homagg.wire_scapy import HomAgg  # noqa: E402
 
 WORKER, SWITCH = "10.0.0.1", "10.0.0.254"
-FIELDS = dict(flags=wire.FLAG_RETRANSMIT, job_id=7, worker_id=2, slot=5, tag=9, offset=64)
+FIELDS = dict(flags=wire.FLAG_RETRANSMIT, job_id=7, worker_id=2, slot=5, tag=9, offset=64, token=0x01020304)
 WORDS = [1, -2]
 HOMAGG = bytes.fromhex(
-    "10"  # version 1, op ADD
+    "20"  # version 2, op ADD
     "02"  # flags RETRANSMIT
     "0007"  # job_id
     "02" "00"  # worker_id, reserved
@@ -29,12 +29,13 @@ HOMAGG = bytes.fromhex(
     "0005"  # bank 0, slot 5
     "0009"  # tag
     "00000040"  # offset
+    "01020304"  # token
     "00000001" "fffffffe"  # words 1, -2
 )
 #: worker 10.0.0.1:18500 -> switch 10.0.0.254:18497 (dport 0x4841), IPv4 id 1, TTL 64
 REQUEST = bytes.fromhex(
-    "45000034" "00010000" "401165ba" "0a000001" "0a0000fe"  # IPv4, total length 52, checksum 0x65ba
-    "4844" "4841" "0020" "47d1"  # UDP 18500 -> 18497, length 32, checksum 0x47d1
+    "45000038" "00010000" "401165b6" "0a000001" "0a0000fe"  # IPv4, total length 56, checksum 0x65b6
+    "4844" "4841" "0024" "33c3"  # UDP 18500 -> 18497, length 36, checksum 0x33c3
 ) + HOMAGG
 
 

@@ -51,7 +51,7 @@ def _worker(rank: int, cfg: dict[str, Any], barrier: Any) -> dict[str, Any]:
     data = _words(rank, numel)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['gloo_port']}", rank=rank, world_size=w)
     port = UdpSwitchPort(tuple(cfg["data"]), job=JobSpec.from_dict(cfg["job"]), rank=rank,
-                         control=tuple(cfg["control"]), timeout=cfg["timeout"])
+                         control=tuple(cfg["control"]), timeout=cfg["timeout"], secret=cfg.get("secret"))
     homagg_t, gloo_t = [], []
     prof = None
     if os.environ.get("HOMAGG_BENCH_PROFILE") and rank == 0:  # cProfile rank 0's homagg rounds into this file
@@ -105,7 +105,8 @@ def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: i
         ctl = ControlClient(sw.control_addr)
         job = ctl.admit(workers, n_slots=slots, words_per_packet=words_per_packet)
         cfg = {"workers": workers, "numel": numel, "repeats": repeats, "timeout": timeout, "data": list(sw.data_addr),
-               "control": list(sw.control_addr), "job": job.to_dict(), "gloo_port": _free_port(), "check": True}
+               "control": list(sw.control_addr), "job": job.to_dict(), "gloo_port": _free_port(), "check": True,
+               "secret": sw.secret}
         barrier = context().Barrier(workers)
         results = Workers(_worker, workers, cfg, barrier).join(timeout * (repeats + 2) * 2 + 60)
         counters = ctl.status()["counters"]

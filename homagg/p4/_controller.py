@@ -2,7 +2,8 @@
 
 :class:`Controller` is a :class:`~homagg.p4._session.P4RuntimeSession` (``push``,
 ``check_pipeline``, idempotent writes) plus: ``configure`` (service address, L2 entries, flood
-group), ``add_job`` (admission entries, result rewrite, multicast group, a fresh admission epoch),
+group), ``add_job`` (admission entries carrying the job's token, result rewrite, multicast group, a
+fresh admission epoch),
 ``remove_job`` and ``read_counters`` (drop reasons named as the emulator's counters, packets per
 admitted source).  Every operation is idempotent.
 
@@ -85,6 +86,9 @@ class Controller(P4RuntimeSession):
     def add_job(self, sw: SwitchConfig, job: JobSpec) -> None:
         """Admit ``job`` (every worker with an address): entries, multicast group, fresh epoch.
 
+        Each ``admit`` entry carries ``job.token`` (wire v2): the data plane drops a packet of the
+        source whose header token differs (``drop_token``).  A job with token 0 is unprotected.
+
         The epoch (see the module doc) makes every cell of the job's slot range read as zero, as a
         newly admitted job's state in the emulator; admitting again starts from zero again.
         """
@@ -102,7 +106,7 @@ class Controller(P4RuntimeSession):
                 "admission", {"hdr.ipv4.src_addr": _ip(w.ip), "hdr.udp.src_port": w.port}, "admit",
                 {"job_id": job.job_id, "worker_id": w.worker_id, "slot_base": job.slot_base, "n_slots": job.n_slots,
                  "world_size": job.world_size, "words_per_packet": job.words_per_packet, "mcast_grp": group,
-                 "worker_port": h.port, "epoch": epoch})))
+                 "worker_port": h.port, "epoch": epoch, "token": job.token})))
             ups.append(("insert", self.table_entry(
                 "result_rewrite", {"hdr.homagg.job_id": job.job_id, "hdr.homagg.worker_id": w.worker_id}, "to_worker",
                 {"switch_mac": _mac(sw.service_mac), "switch_ip": _ip(sw.service_ip), "worker_mac": _mac(h.mac),

@@ -7,6 +7,17 @@ and publishes ``{"data", "control", "job"}`` under the group's store; every rank
 On close each rank releases its port and counts itself out in the store; rank 0 waits (bounded)
 for the others before it removes the job and stops an owned emulator, so no rank loses the
 switch while its last results (or retransmissions) are in flight.
+
+Security: the embedded emulator gets a fresh control secret (through its environment, never its
+command line); rank 0 publishes it with the job in the group's store, so only the group's ranks can
+admit, register or remove jobs on it.  With an external switch each rank finds the secret itself
+(``HOMAGG_SWITCH_SECRET`` / ``HOMAGG_SWITCH_SECRET_FILE``).  The job's data-plane token comes with
+the job.  The embedded emulator allows fault injection (only holders of the group's secret can use
+it, and they can remove the job anyway); ``HOMAGG_EMULATOR_FAULTS=0`` turns that off.
+
+Crash: if the embedded emulator dies, the ports' waits end with :class:`~homagg.SwitchTimeoutError`
+within the group timeout, and the next process group starts a new emulator (a dead one is never
+handed out again).
 """
 
 from __future__ import annotations
@@ -36,15 +47,21 @@ _emulators_lock = threading.Lock()
 
 
 def _acquire_emulator(host: str) -> Any:
-    """The process's embedded emulator on ``host`` (started on first use, reference counted)."""
+    """The process's embedded emulator on ``host`` (started on first use, reference counted;
+    replaced when the previous one died)."""
     import switch_emulator
 
     with _emulators_lock:
         entry = _emulators.get(host)
+        if entry is not None and entry[0].process is not None and entry[0].process.poll() is not None:
+            entry = None  # crashed or killed: its users get errors; new groups get a new emulator
         if entry is None:
             try:
                 # its own process (own GIL), stopped with the last group; gone if this process dies
-                emulator = switch_emulator.spawn(listen=(host, 0), control=(host, 0), timeout=_START_TIMEOUT_S)
+                emulator = switch_emulator.spawn(
+                    listen=(host, 0), control=(host, 0), timeout=_START_TIMEOUT_S,
+                    allow_faults=os.environ.get("HOMAGG_EMULATOR_FAULTS", "1") != "0",
+                    log_level=os.environ.get("HOMAGG_EMULATOR_LOG_LEVEL", "warning"))
                 entry = _emulators[host] = [emulator, 0]
             except (OSError, TransportError) as exc:
                 raise ConfigError(f"homagg: cannot start the embedded emulator on {host}: {exc}") from exc
@@ -52,17 +69,19 @@ def _acquire_emulator(host: str) -> Any:
         return entry[0]
 
 
-def _release_emulator(host: str) -> None:
-    """Drop one user; the last one stops the emulator (its threads are joined, bounded)."""
+def _release_emulator(host: str, emulator: Any) -> None:
+    """Drop one user of ``emulator``; the last one stops it (bounded).  A replaced (dead) one is
+    only reaped."""
     with _emulators_lock:
         entry = _emulators.get(host)
-        if entry is None:
-            return
-        entry[1] -= 1
-        if entry[1] > 0:
-            return
-        del _emulators[host]
-    entry[0].stop()
+        if entry is None or entry[0] is not emulator:
+            pass  # already replaced after it died: nothing shared to count down
+        else:
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del _emulators[host]
+    emulator.stop()
 
 
 def _rendezvous_host(store: Any) -> str | None:
@@ -120,22 +139,25 @@ def open_udp(
             data_addr, ctl_addr = config.external_address, config.control_address  # type: ignore[assignment]
             words = config.words_per_packet or P4.words_per_packet
             slots = config.slots or P4.n_slots
+        secret = emulator.secret if emulator is not None else None
         try:
-            with ControlClient(ctl_addr, timeout=min(config.timeout, 10.0)) as ctl:
+            with ControlClient(ctl_addr, timeout=min(config.timeout, 10.0), secret=secret) as ctl:
                 job = ctl.admit(size, n_slots=slots, words_per_packet=words)
         except BaseException:
             if emulator is not None:
-                _release_emulator(host)
+                _release_emulator(host, emulator)
             raise
-        store.set(key, json.dumps({"data": list(data_addr), "control": list(ctl_addr), "job": job.to_dict()}))
+        store.set(key, json.dumps({"data": list(data_addr), "control": list(ctl_addr), "job": job.to_dict(),
+                                   "secret": secret}))
     info = json.loads(store_get(store, key, group_timeout_s, "the switch address").decode())
     job = JobSpec.from_dict(info["job"])
     data_addr, ctl_addr = tuple(info["data"]), tuple(info["control"])
+    secret = info.get("secret")
     try:
-        port = UdpSwitchPort(data_addr, rank=rank, job=job, control=ctl_addr, timeout=config.timeout)
+        port = UdpSwitchPort(data_addr, rank=rank, job=job, control=ctl_addr, timeout=config.timeout, secret=secret)
     except BaseException:
         if emulator is not None:
-            _release_emulator(host)
+            _release_emulator(host, emulator)
         raise
     kind = "embedded" if config.switch == "embedded" else "external"
     link = SwitchLink(port, kind, data_addr, job.job_id, ctl_addr, emulator)
@@ -155,13 +177,13 @@ def open_udp(
         except RuntimeError:
             pass  # store unreachable: stop anyway, the bound is what matters
         try:
-            with ControlClient(ctl_addr, timeout=min(config.timeout, 5.0)) as ctl:
+            with ControlClient(ctl_addr, timeout=min(config.timeout, 5.0), secret=secret) as ctl:
                 ctl.remove(job.job_id)
         except (TransportError, OSError) as exc:  # switch gone: no job left to remove
             warnings.warn(f"homagg: could not remove job {job.job_id} from {ctl_addr}: {exc}", stacklevel=2)
         finally:
             if emulator is not None:
-                _release_emulator(host)
+                _release_emulator(host, emulator)
 
     if rank == 0:
         link._closers.append(release_job)

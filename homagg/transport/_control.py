@@ -1,15 +1,18 @@
 """Control protocol client: admit/register/remove jobs and read counters on a homagg switch.
 
 Protocol (the emulator serves it; the BMv2 controller mirrors it): JSON lines over TCP.  Each
-request is one JSON object on one line with a ``cmd``; each response is one line, ``{"ok": true,
-...}`` or ``{"ok": false, "error": "..."}``.
+request is one JSON object on one line with a ``cmd`` and, for every command but ``ping``, the
+switch's shared ``secret`` (:mod:`._auth` says where client and switch find it); each response is
+one line, ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}`` (with ``"refused": "secret"``
+when the secret was missing or wrong: :class:`~homagg.AuthenticationError`).
 
 =================  ==========================================  =================================
 cmd                request fields                              response fields
 =================  ==========================================  =================================
 ``ping``           -                                           ``version``, ``data`` [ip, port]
-``admit``          ``job``: JobSpec dict; ``job_id`` and       ``job``: the admitted JobSpec
-                   ``slot_base`` may be null (switch picks)
+``admit``          ``job``: JobSpec dict; ``job_id``,          ``job``: the admitted JobSpec
+                   ``slot_base`` and ``token`` may be null     (with its token)
+                   (switch picks)
 ``register``       ``job_id``, ``worker_id``, ``ip``, ``port``  ``job``
 ``group``          ``job_id``                                  ``group``: [ip, port] of the job's
                                                                result multicast group, or null
@@ -21,8 +24,8 @@ cmd                request fields                              response fields
 ``status``         -                                           ``counters``, ``jobs``, ``faults``
 ``slot``           ``job_id``, ``slot`` (absolute)             ``banks``: [{bank, bitmap, count,
                                                                complete, missing, tag, offset}]
-``faults``         ``drop``, ``duplicate``, ``reorder``,       ``faults``
-                   ``seed`` (emulator only)
+``faults``         ``drop``, ``duplicate``, ``reorder``,       ``faults``; refused unless the
+                   ``seed`` (emulator only)                    switch was started with faults on
 ``reset_counters`` -                                           -
 =================  ==========================================  =================================
 
@@ -50,25 +53,35 @@ import json
 import socket
 from typing import Any
 
-from .._errors import ConfigError
+from .._errors import AuthenticationError, ConfigError
 from ..jobs import P4, JobSpec, parse_addr
+from ._auth import resolve_secret
 from ._errmap import transport_error
 
 __all__ = ["ControlClient", "parse_addr"]
 
 
 class ControlClient:
-    """A blocking client of the control protocol; one TCP connection, reopened on demand."""
+    """A blocking client of the control protocol; one TCP connection, reopened on demand.
 
-    def __init__(self, addr: str | tuple[str, int], timeout: float = 10.0) -> None:
+    ``secret``: the switch's shared secret; None finds it as :func:`._auth.resolve_secret` says
+    (a switch this process started, else ``HOMAGG_SWITCH_SECRET`` / ``HOMAGG_SWITCH_SECRET_FILE``).
+    """
+
+    def __init__(self, addr: str | tuple[str, int], timeout: float = 10.0, *, secret: str | None = None) -> None:
         self.addr = parse_addr(addr)
         self.timeout = timeout
+        self._secret = resolve_secret(self.addr, secret)
         self._sock: socket.socket | None = None
         self._rfile: Any = None
 
     def request(self, cmd: str, **fields: Any) -> dict[str, Any]:
-        """Send one request; return the response (raise TransportError/ConfigError on failure)."""
-        line = json.dumps({"cmd": cmd, **fields}).encode() + b"\n"
+        """Send one request; return the response (raise TransportError/ConfigError on failure,
+        AuthenticationError when the switch refused the secret)."""
+        req = {"cmd": cmd, **fields}
+        if self._secret is not None and cmd != "ping":
+            req["secret"] = self._secret
+        line = json.dumps(req).encode() + b"\n"
         for attempt in (0, 1):
             try:
                 if self._sock is None:
@@ -86,6 +99,11 @@ class ControlClient:
                                           timeout_s=self.timeout) from exc
         resp = json.loads(resp_line)
         if not resp.get("ok"):
+            if resp.get("refused") == "secret":
+                how = "no secret was given" if self._secret is None else "the secret given is not the switch's"
+                raise AuthenticationError(
+                    f"switch control {self.addr[0]}:{self.addr[1]} refused {cmd}: {how} (set "
+                    f"HOMAGG_SWITCH_SECRET or HOMAGG_SWITCH_SECRET_FILE, or pass secret=)")
             raise ConfigError(f"switch refused {cmd}: {resp.get('error')}")
         return resp
 
@@ -102,10 +120,13 @@ class ControlClient:
         words_per_packet: int = P4.words_per_packet,
         workers: list[dict[str, Any]] | None = None,
         idle_timeout_s: float | None = None,
+        token: int | None = None,
     ) -> JobSpec:
-        """Admit a job; ``job_id``/``slot_base`` None let the switch choose.  Returns the admitted spec."""
+        """Admit a job; ``job_id``/``slot_base``/``token`` None let the switch choose (a random
+        token).  Returns the admitted spec, with the token its workers must put in their packets."""
         job = {"job_id": job_id, "world_size": world_size, "slot_base": slot_base, "n_slots": n_slots,
-               "words_per_packet": words_per_packet, "workers": workers or [], "idle_timeout_s": idle_timeout_s}
+               "words_per_packet": words_per_packet, "workers": workers or [], "idle_timeout_s": idle_timeout_s,
+               "token": token}
         return JobSpec.from_dict(self.request("admit", job=job)["job"])
 
     def register(self, job_id: int, worker_id: int, addr: tuple[str, int]) -> JobSpec:

@@ -17,7 +17,8 @@ for chunk ``c`` while chunk ``i < c - DUPTHRESH`` (sent once) is still outstandi
 its result was lost, and ``i`` is resent at once (no backoff; the timer stays the backstop, e.g.
 for the last chunks of a round).  When no result at all arrived for a whole RTO (a late peer or a
 stalled switch rather than losses), an expiry resends only the oldest chunk and restarts the other
-timers.  Duplicated, reordered and stale results are ignored (matched on slot, bank, tag, offset).
+timers.  Duplicated, reordered and stale results are ignored (matched on slot, bank, tag, offset),
+and so are results without the job's token (wire v2; a forged result from an off-path host).
 
 ``stats``: ``packets`` sent (first copies), ``retransmits`` (``fast_retransmits`` of them early),
 ``spurious_retransmits``
@@ -93,6 +94,8 @@ class UdpSwitchPort(SwitchPort):
     worker's source address and missing-worker diagnostics; with ``multicast`` (default) the
     port also joins the job's result multicast group when the switch offers one (``multicast``
     attribute: whether it did), so that the switch sends each result once for all such workers.
+    ``secret``: the switch's control secret (default: found as :mod:`._auth` says).  Data packets
+    carry ``job.token`` (wire v2), which the switch checks; results with another token are ignored.
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class UdpSwitchPort(SwitchPort):
         min_rto: float = MIN_RTO_S,
         max_rto: float = MAX_RTO_S,
         multicast: bool = True,
+        secret: str | None = None,
     ) -> None:
         if job is None:
             if job_id is None or world_size is None:
@@ -129,7 +133,7 @@ class UdpSwitchPort(SwitchPort):
         self.switch_addr = parse_addr(switch)
         self.timeout, self.max_rto = timeout, max_rto
         self.rtt = RtoEstimator(rto, min_rto, max_rto)
-        self._ctl = ControlClient(control, timeout=min(timeout, 10.0)) if control is not None else None
+        self._ctl = ControlClient(control, timeout=min(timeout, 10.0), secret=secret) if control is not None else None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.msock: socket.socket | None = None  # the result group's socket, when subscribed
         set_buffers(self.sock, send=False)
@@ -190,7 +194,7 @@ class UdpSwitchPort(SwitchPort):
     def _run(self, chunks: list[tuple[int, int, int, int]], srcs: list[np.ndarray], outs: list[np.ndarray],
              streams: Sequence[Stream]) -> None:
         job = self.job
-        nslot, base, jid, rank = job.n_slots, job.slot_base, job.job_id, self.rank
+        nslot, base, jid, rank, token = job.n_slots, job.slot_base, job.job_id, self.rank, job.token
         total = len(chunks)
         seq0 = self._seq
         bufs = self._bufs
@@ -220,7 +224,7 @@ class UdpSwitchPort(SwitchPort):
             s = g % nslot
             j, off, wc, op = chunks[c]
             buf = bufs[s]
-            pack_header_into(buf, op, 0, jid, rank, wc, (g // nslot) & 1, base + s, g & TAG_MASK, off)
+            pack_header_into(buf, op, 0, jid, rank, wc, (g // nslot) & 1, base + s, g & TAG_MASK, off, token)
             payload_view(buf, wc)[:] = srcs[j][off:off + wc]
             cur[s] = c
             tries[s] = 0
@@ -247,10 +251,10 @@ class UdpSwitchPort(SwitchPort):
                         if n < HEADER_LEN:
                             self.stats["ignored"] += 1
                             continue
-                        ver, _op, flags, rjob, _w, wc, bank, slot, tag, off, _r = unpack_header(rbuf)
+                        ver, _op, flags, rjob, _w, wc, bank, slot, tag, off, _r, rtok = unpack_header(rbuf)
                         s = slot - base
                         if not (flags & FLAG_RESULT and rjob == jid and 0 <= s < nslot and n == datagram_len(wc)
-                                and ver == VERSION):
+                                and ver == VERSION and rtok == token):
                             self.stats["ignored"] += 1
                             continue
                         c = cur[s]

@@ -6,7 +6,9 @@ Marker ``bmv2`` (``p4c-bm2-ss`` and ``simple_switch_grpc`` on PATH).  BMv2 runs 
 so no network interface is created.  The sequence (:func:`worker_sequence`) has two jobs with
 interleaved rounds, slot reuse (bank flips), partial packets, wrapping ADD, OR, signed MAX,
 duplicates, retransmissions into complete slots (unicast answers), stale copies, a key conflict,
-and invalid packets (unknown source, wrong version, slot out of range, result flag).
+invalid packets (unknown source, wrong version, slot out of range, result flag), and forged
+datagrams from admitted sources with a wrong job token in the middle of rounds (dropped as
+``drop_token``; the results stay those of the genuine packets).
 The oracle for BMv2 is the emulator's :class:`switch_emulator.pipeline.Pipeline`.
 """
 
@@ -34,9 +36,9 @@ def _mac(i: int) -> str:
 
 def jobs() -> list[JobSpec]:
     j1 = JobSpec(1, 3, slot_base=0, n_slots=2, words_per_packet=32,
-                 workers=tuple(WorkerAddr(w, f"10.0.0.{w + 1}", 40000 + w) for w in range(3)))
+                 workers=tuple(WorkerAddr(w, f"10.0.0.{w + 1}", 40000 + w) for w in range(3)), token=0x11223344)
     j2 = JobSpec(7, 2, slot_base=8, n_slots=3, words_per_packet=20,
-                 workers=tuple(WorkerAddr(w, f"10.0.0.{w + 11}", 18497) for w in range(2)))
+                 workers=tuple(WorkerAddr(w, f"10.0.0.{w + 11}", 18497) for w in range(2)), token=0xA5A5F00D)
     return [j1.validate(), j2.validate()]
 
 
@@ -49,11 +51,11 @@ def _hosts() -> list[dict[str, object]]:
     return out
 
 
-def worker_sequence(seed: int = 5) -> list[tuple[tuple[str, int], bytes]]:
+def worker_sequence(seed: int = 5, js: list[JobSpec] | None = None) -> list[tuple[tuple[str, int], bytes]]:
     """``[(source (ip, port), homagg datagram), ...]`` in arrival order (self-clocked per job)."""
     rng = random.Random(seed)
     out: list[tuple[tuple[str, int], bytes]] = []
-    js = jobs()
+    js = js or jobs()
     ops = {1: [wire.OP_ADD, wire.OP_ADD, wire.OP_MAX, wire.OP_ADD, wire.OP_OR, wire.OP_ADD],
            7: [wire.OP_OR, wire.OP_MAX, wire.OP_ADD, wire.OP_ADD, wire.OP_MAX, wire.OP_OR]}
     prev: dict[int, list[tuple[tuple[str, int], bytes]]] = {}
@@ -70,8 +72,11 @@ def worker_sequence(seed: int = 5) -> list[tuple[tuple[str, int], bytes]]:
                     words = [rng.randrange(-2**31, 2**31) & rng.randrange(-2**31, 2**31) for _ in range(k)]
                 else:
                     words = [rng.randrange(-2**31, 2**31) for _ in range(k)]
-                h = wire.Header(wire.VERSION, op, 0, j.job_id, w.worker_id, k, bank, slot, g, 32 * g)
+                h = wire.Header(wire.VERSION, op, 0, j.job_id, w.worker_id, k, bank, slot, g, 32 * g, token=j.token)
                 pkts.append((w.addr, wire.pack_packet(h, words)))
+                if rng.random() < 0.5:  # forged: right source and key, wrong token, hostile words
+                    forged = h._replace(token=j.token ^ (1 << rng.randrange(32)))
+                    out.append((w.addr, wire.pack_packet(forged, [2**31 - 1] * k)))
             rng.shuffle(pkts)
             for i, p in enumerate(pkts):
                 out.append(p)
@@ -88,36 +93,38 @@ def worker_sequence(seed: int = 5) -> list[tuple[tuple[str, int], bytes]]:
     # conflicts and invalid packets, after everything (do not disturb later rounds)
     j1 = js[0]
     w0 = j1.workers[0]
+    TOK = j1.token  # noqa: N806
     g = 6
     slot, bank = j1.slot_base + g % j1.n_slots, (g // j1.n_slots) % 2
-    out.append((w0.addr, wire.pack_packet(wire.Header(1, 0, 0, 1, 0, 4, bank, slot, g, 0), [1, 2, 3, 4])))
+    out.append((w0.addr, wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 0, 4, bank, slot, g, 0, token=TOK), [1, 2, 3, 4])))
     w1 = j1.workers[1]
-    out.append((w1.addr, wire.pack_packet(wire.Header(1, 0, 0, 1, 1, 4, bank, slot, g + 1, 0), [5, 6, 7, 8])))  # conflict
-    out.append((SWITCH_SRC, wire.pack_packet(wire.Header(1, 0, 0, 1, 0, 4, 0, 0, 0, 0), [1, 1, 1, 1])))  # unknown src
-    out.append((w1.addr, wire.pack_packet(wire.Header(1, 0, 0, 1, 0, 4, 0, 0, 0, 0), [1, 1, 1, 1])))  # mismatch
-    out.append((w1.addr, wire.pack_packet(wire.Header(1, 0, 0, 1, 1, 4, 0, 5, 0, 0), [1, 1, 1, 1])))  # slot range
-    out.append((w1.addr, wire.pack_packet(wire.Header(1, 0, wire.FLAG_RESULT, 1, 1, 4, 0, 0, 0, 0), [1, 1, 1, 1])))
-    bad = bytearray(wire.pack_packet(wire.Header(1, 0, 0, 1, 1, 4, 0, 0, 0, 0), [1, 1, 1, 1]))
-    bad[0] = 0x20  # version 2
+    out.append((w1.addr, wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 1, 4, bank, slot, g + 1, 0, token=TOK), [5, 6, 7, 8])))  # conflict
+    out.append((SWITCH_SRC, wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 0, 4, 0, 0, 0, 0, token=TOK), [1, 1, 1, 1])))  # unknown src
+    out.append((w1.addr, wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 0, 4, 0, 0, 0, 0, token=TOK), [1, 1, 1, 1])))  # mismatch
+    out.append((w1.addr, wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 1, 4, 0, 5, 0, 0, token=TOK), [1, 1, 1, 1])))  # slot range
+    out.append((w1.addr, wire.pack_packet(wire.Header(wire.VERSION, 0, wire.FLAG_RESULT, 1, 1, 4, 0, 0, 0, 0, token=TOK), [1, 1, 1, 1])))
+    bad = bytearray(wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 1, 4, 0, 0, 0, 0, token=TOK), [1, 1, 1, 1]))
+    bad[0] = 0x30 | (bad[0] & 0xF)  # version 3
     out.append((w1.addr, bytes(bad)))
-    good = wire.pack_packet(wire.Header(1, 0, 0, 1, 1, 4, 0, 0, 0, 0), [1, 1, 1, 1])
+    good = wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 1, 4, 0, 0, 0, 0, token=TOK), [1, 1, 1, 1])
     out.append((w1.addr, good[:8]))  # shorter than the header
-    out.append((w1.addr, bytes([0x13]) + good[1:]))  # op 3
+    out.append((w1.addr, bytes([(wire.VERSION << 4) | 3]) + good[1:]))  # op 3
     out.append((w1.addr, good[:6] + b"\x00\x00" + good[8:wire.HEADER_LEN]))  # word_count 0, no words
     out.append((w1.addr, good[:-4]))  # 3 of its 4 words
     # more words than the job (and the P4 target) takes, consistent lengths
-    out.append((w1.addr, wire.pack_packet(wire.Header(1, 0, 0, 1, 1, 40, 0, 0, 0, 0), list(range(40)))))
+    out.append((w1.addr, wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 1, 40, 0, 0, 0, 0, token=TOK), list(range(40)))))
     return out
 
 
-def emulator_outputs(seq: list[tuple[tuple[str, int], bytes]]) -> tuple[dict[tuple[str, int], list[bytes]], dict]:
+def emulator_outputs(seq: list[tuple[tuple[str, int], bytes]],
+                     js: list[JobSpec] | None = None) -> tuple[dict[tuple[str, int], list[bytes]], dict]:
     """Results per destination address, in order, from the emulator pipeline; and its counters."""
     from switch_emulator.admission import AdmissionTable
     from switch_emulator.pipeline import Pipeline
 
     got: dict[tuple[str, int], list[bytes]] = defaultdict(list)
     adm = AdmissionTable(pool_slots=1024)
-    for j in jobs():
+    for j in js or jobs():
         adm.admit(j)
     pipe = Pipeline(adm, lambda dg, addr: got[tuple(addr)].append(bytes(dg)))
     for src, dg in seq:
@@ -131,7 +138,7 @@ def test_sequence_exercises_every_verdict() -> None:
     assert counters.get("completed", 0) == 12
     assert counters.get("retransmit_answered", 0) >= 12
     for reason in ("duplicate", "conflict", "unknown_source", "admission_mismatch", "slot_range", "result_flag",
-                   "version", "short", "op", "length", "word_count"):
+                   "version", "short", "op", "length", "word_count", "token"):
         assert counters.get(f"drop_{reason}", 0) >= 1, (reason, counters)
     assert counters.get("drop_stale", 0) + counters.get("retransmit_answered", 0) > 12
     assert set(out) == {w.addr for j in jobs() for w in j.workers}
@@ -162,9 +169,11 @@ def test_compiles_without_warnings(built) -> None:  # noqa: ANN001
     assert built.warnings == ()
 
 
-def _run_bmv2(tmp: Path, built, seq, expected: int):  # noqa: ANN001, ANN202
-    """Run ``seq`` into port 1 of a pcap-file BMv2 configured by the controller (checking that every
-    controller operation is idempotent); the frames out per port, and the counters."""
+def _run_bmv2(tmp: Path, built, seq, expected: int, js: list[JobSpec] | None = None):  # noqa: ANN001, ANN202
+    """Run ``seq`` into port 1 of a pcap-file BMv2 (a new ``simple_switch_grpc`` process) configured
+    by the controller (checking that every controller operation is idempotent); the frames out per
+    port, and the counters."""
+    js = js or jobs()
     from homagg.p4 import Controller, SwitchConfig
     from homagg.p4._pcap_switch import PcapSwitch
 
@@ -178,29 +187,25 @@ def _run_bmv2(tmp: Path, built, seq, expected: int):  # noqa: ANN001, ANN202
             ctl.check_pipeline()
             ctl.configure(cfg)
             ctl.configure(cfg)  # idempotent
-            for j in jobs():
+            for j in js:
                 ctl.add_job(cfg, j)
                 ctl.add_job(cfg, j)  # idempotent
             sw.wait_for(expected, timeout=60)
             time.sleep(1.0)
             counters = ctl.read_counters()
             for _ in range(2):  # removing a job is idempotent
-                ctl.remove_job(cfg, jobs()[1])
+                ctl.remove_job(cfg, js[1])
             left = {(s["ip"], s["port"]) for s in ctl.read_counters()["sources"]}
-            assert left == {w.addr for w in jobs()[0].workers}
+            assert left == {w.addr for w in js[0].workers}
     frames = {p: [raw for _, raw in sw.output(p)] for p in ports}  # read after the switch stopped
     return frames, counters
 
 
-@pytest.mark.bmv2
-def test_differential_emulator_vs_bmv2(tmp_path: Path, built) -> None:  # noqa: ANN001
+def _results_by_worker(frames: dict[int, list[bytes]]) -> dict[tuple[str, int], list[bytes]]:
+    """The homagg payloads BMv2 sent, per destination (ip, udp port), after checking every frame's headers."""
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
 
-    seq = worker_sequence()
-    want, emu_counters = emulator_outputs(seq)
-    expected = sum(len(v) for v in want.values())
-    frames, counters = _run_bmv2(tmp_path, built, seq, expected)
     got: dict[tuple[str, int], list[bytes]] = defaultdict(list)
     port_of = {h["ip"]: h["port"] for h in _hosts()}
     for port, fl in frames.items():
@@ -215,12 +220,49 @@ def test_differential_emulator_vs_bmv2(tmp_path: Path, built) -> None:  # noqa: 
             assert IP(bytes(fresh)).chksum == ip.chksum, "IPv4 checksum"
             assert (ip.ttl, ip.id, ip.flags.value, ip.tos) == (64, 0, 2, 0)
             got[(ip.dst, udp.dport)].append(bytes(udp.payload))
+    return got
+
+
+@pytest.mark.bmv2
+def test_differential_emulator_vs_bmv2(tmp_path: Path, built) -> None:  # noqa: ANN001
+    seq = worker_sequence()
+    want, emu_counters = emulator_outputs(seq)
+    expected = sum(len(v) for v in want.values())
+    frames, counters = _run_bmv2(tmp_path, built, seq, expected)
+    got = _results_by_worker(frames)
     assert set(got) == set(want)
     for dst in want:
         assert got[dst] == want[dst], f"results to {dst} differ"
+    # forged datagrams (admitted source, wrong token) are dropped and counted by both
+    assert emu_counters.get("drop_token", 0) >= 5
     for name in ("duplicate", "conflict", "unknown_source", "admission_mismatch", "slot_range", "result_flag",
-                 "version", "stale", "short", "op", "length", "word_count"):
+                 "version", "stale", "short", "op", "length", "word_count", "token"):
         assert counters.get(f"drop_{name}", 0) == emu_counters.get(f"drop_{name}", 0), name
+
+
+@pytest.mark.bmv2
+def test_restart_then_controller_again_new_job_exact(tmp_path: Path, built) -> None:  # noqa: ANN001
+    """``simple_switch_grpc`` is restarted (the first process exits with the jobs half done: the
+    sequence is cut in the middle of a round) and the controller run again (push, configure, add):
+    new jobs, with new tokens, run exactly -- the same results as the emulator -- and packets with
+    the old tokens are dropped as ``drop_token``."""
+    from dataclasses import replace
+
+    seq = worker_sequence()
+    first = seq[: len(seq) // 2]
+    want1, _ = emulator_outputs(first)
+    _run_bmv2(tmp_path / "before", built, first, sum(len(v) for v in want1.values()))
+    new_jobs = [replace(j, token=j.token ^ 0x0F0F0F0F) for j in jobs()]  # re-admitted: new tokens
+    stale = first[:6]  # old-token packets from admitted sources, before the new jobs' traffic
+    seq2 = stale + worker_sequence(seed=9, js=new_jobs)
+    want2, emu2 = emulator_outputs(seq2, new_jobs)
+    assert emu2.get("drop_token", 0) >= len(stale)
+    frames, counters = _run_bmv2(tmp_path / "after", built, seq2, sum(len(v) for v in want2.values()), new_jobs)
+    got = _results_by_worker(frames)
+    assert set(got) == set(want2)
+    for dst in want2:
+        assert got[dst] == want2[dst], f"results to {dst} differ after the restart"
+    assert counters.get("drop_token", 0) == emu2["drop_token"]
 
 
 @pytest.mark.bmv2
@@ -261,7 +303,8 @@ def test_readmission_starts_from_zero(tmp_path: Path, built) -> None:  # noqa: A
 
     def pkt(w: int, g: int, words: list[int]) -> tuple[tuple[str, int], bytes]:
         slot, bank = j.slot_base + g % j.n_slots, (g // j.n_slots) % 2
-        return j.workers[w].addr, wire.pack_packet(wire.Header(1, 0, 0, 1, w, 4, bank, slot, g, 4 * g), words)
+        return j.workers[w].addr, wire.pack_packet(
+            wire.Header(wire.VERSION, 0, 0, 1, w, 4, bank, slot, g, 4 * g, token=j.token), words)
 
     phase1 = [pkt(w, 0, [w + 1, 10, 100, -5]) for w in range(3)] + [pkt(0, 1, [7, 7, 7, 7])]
     phase2 = [pkt(1, 1, [1, 2, 3, 4]), pkt(2, 1, [5, 6, 7, 8]), pkt(0, 0, [1, 10, 100, -5]),

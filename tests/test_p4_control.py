@@ -115,7 +115,7 @@ def test_pcap_files_agree_with_scapy(tmp_path: Path) -> None:
     from homagg.p4._pcap_switch import read_pcap, udp_frame, write_pcap
 
     frames = [udp_frame((f"10.0.0.{i + 1}", 40000 + i), _mac(i + 1), (SERVICE_IP, wire.HOMAGG_UDP_PORT), SERVICE_MAC,
-                        wire.pack_packet(wire.Header(1, 0, 0, 1, i, 2, 0, i, i, 0), [i, -i])) for i in range(5)]
+                        wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, i, 2, 0, i, i, 0), [i, -i])) for i in range(5)]
     write_pcap(tmp_path / "ours.pcap", frames)
     assert [bytes(p) for p in rdpcap(str(tmp_path / "ours.pcap"))] == frames
     pkts = [Ether(f) for f in frames]

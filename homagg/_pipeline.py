@@ -13,7 +13,8 @@ Invariants:
   ``DEPTH`` are in flight, else advance the oldest) depends only on how many rounds each segment
   takes, which every worker agrees on (those decisions come from combined words).
 * Nothing is sent before every segment's input passed the checks (NaN/Inf, dtype): all
-  segments' :class:`~homagg._worker.Worker` objects are built first.
+  segments' :class:`~homagg._worker.Worker` objects are built and prepared
+  (:func:`homagg._schemes.prepare`) first.
 * Results are bit-identical to the unsegmented call (same block exponents; exact integer sums).
 * Every wait is bounded: a round's future completes when ``port.combine`` returns or raises (the
   port's own timeout); on any error the pending rounds are cancelled and the error propagates.
@@ -29,7 +30,7 @@ import torch
 
 from ._config import CodecConfig, check_scheme
 from ._history import History
-from ._schemes import Protocol, run
+from ._schemes import Protocol, prepare, run
 from ._stats import WorkerStats
 from ._worker import Worker
 from .transport import SwitchPort
@@ -50,6 +51,8 @@ def allreduce_segments(flat: torch.Tensor, port: SwitchPort, scheme: str, cfg: C
     """SUM-allreduce contiguous 1-D ``flat`` in place, ``seg`` elements per segment, pipelined."""
     check_scheme(scheme)
     workers = [Worker(flat[i:i + seg], port.world_size, cfg, inplace=True) for i in range(0, flat.numel(), seg)]
+    for i, w in enumerate(workers):
+        prepare(w, scheme, history, (key, i, len(workers)))
     stats.segments += len(workers)
     inflight: deque[tuple[Protocol, Future[list[torch.Tensor]]]] = deque()
     transport = ThreadPoolExecutor(max_workers=1, thread_name_prefix="homagg-transport")

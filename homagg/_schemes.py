@@ -55,7 +55,7 @@ from .transport import Stream
 from ._worker import Round, Worker, exchange
 from .wire import CombineOp
 
-__all__ = ["protocol", "run", "choose", "Round"]
+__all__ = ["protocol", "run", "prepare", "choose", "Round"]
 
 Protocol = Generator[Round, list[torch.Tensor], torch.Tensor]
 
@@ -105,8 +105,9 @@ def protocol(
 def run(w: Worker, scheme: str, stats: WorkerStats, history: History | None = None, key: Hashable = None) -> Protocol:
     """The protocol of an already prepared :class:`Worker` (its input is checked: nothing is
     sent for an input that :class:`Worker` refused)."""
-    slot = (key, w.numel, w.dtype, w.world_size, w.cfg.block_size)
+    slot = _slot(w, key)
     prior = history.get(slot) if history is not None else None
+    _prepare(w, scheme, prior)
     if prior is None:
         flat = yield from _first_call(w, scheme, stats)
     else:
@@ -114,6 +115,27 @@ def run(w: Worker, scheme: str, stats: WorkerStats, history: History | None = No
     if history is not None:
         history.put(slot, Agreed(w.exponents, w.union))
     return flat
+
+
+def _slot(w: Worker, key: Hashable) -> tuple[Hashable, ...]:
+    return (key, w.numel, w.dtype, w.world_size, w.cfg.block_size)
+
+
+def prepare(w: Worker, scheme: str, history: History | None = None, key: Hashable = None) -> None:
+    """Check ``w``'s input (NaN/Inf raise :class:`~homagg.NonFiniteError`) before anything is sent,
+    along the representation the call will use: when the continuation is known in advance
+    (compact, sketch, or auto's steady-state choice) the index list is built first and the local
+    exponents come from it in O(nnz); otherwise one dense pass computes them.  Idempotent;
+    :func:`run` calls it, the pipeline calls it for every segment before the first round."""
+    _prepare(w, scheme, history.get(_slot(w, key)) if history is not None else None)
+
+
+def _prepare(w: Worker, scheme: str, prior: Agreed | None) -> None:
+    if scheme == "auto" and prior is not None:
+        scheme = choose(w.numel, float(prior.union), w.limbs, w.cfg)
+    if scheme in ("compact", "sketch"):
+        w.idx  # noqa: B018 - built first: the exponents then cost O(nnz), not a dense pass
+    w.local_exponents  # noqa: B018 - computed (and the input checked) now
 
 
 def _first_call(w: Worker, scheme: str, stats: WorkerStats) -> Protocol:

@@ -59,14 +59,12 @@ class Worker:
             self._raw = raw.to(torch.float64) if self.is_float else raw
             if self.is_float:
                 _fixedpoint.check_finite(self._raw)
-            self.local_exponents = (_fixedpoint.block_exponents(self._idx, self._raw, self.numel, cfg.block_size)
-                                    if self.is_float else None)
         else:
             self.flat = tensor.detach().reshape(-1)
             # In place: the result overwrites the input, whose zeros outside the union already hold.
             if inplace and self.flat.data_ptr() == tensor.data_ptr() and tensor.is_contiguous():
                 self.target = self.flat
-            self.local_exponents = _blocks.exponents(self.flat, cfg.block_size) if self.is_float else None
+        self._local_exponents: torch.Tensor | None = None
         self.exponents: torch.Tensor | None = None
         self._grid: torch.Tensor | None = None  # (nnz, L) int32, index representation
         self._quantized = False
@@ -102,6 +100,24 @@ class Worker:
             else:
                 self._grid = _fixedpoint.to_limbs(self.raw, self.limbs)
         return self._grid
+
+    @property
+    def local_exponents(self) -> torch.Tensor | None:
+        """int32 exponent of each block's largest local magnitude (None for integers); computed on
+        first use from the index list when it exists (O(nnz)), else by one pass over the dense
+        tensor (:func:`homagg._blocks.exponents`) — the two are equal bit for bit.
+
+        Raises :class:`~homagg.NonFiniteError` for NaN/Inf input (before anything is sent: every
+        protocol asks for it, or for :attr:`idx`, before its first round)."""
+        if self._local_exponents is None and self.is_float:
+            if self._idx is not None:
+                _fixedpoint.check_finite(self.raw)
+                self._local_exponents = _fixedpoint.block_exponents(self._idx, self.raw, self.numel,
+                                                                    self.cfg.block_size)
+            else:
+                assert self.flat is not None
+                self._local_exponents = _blocks.exponents(self.flat, self.cfg.block_size)
+        return self._local_exponents
 
     @property
     def blocks(self) -> int:

@@ -1,0 +1,260 @@
+"""One rank of ``homagg bench models``: DDP training iterations of each model with one method.
+
+A rank joins the default group of the method's backend (``gloo``, or ``homagg`` with scheme
+``auto``) plus a side gloo group (barriers and the exactness reference), then for every model:
+
+1. builds it with ``torch.manual_seed(0)`` (DDP broadcasts rank 0's parameters anyway), wraps it
+   in DDP (default 25 MB buckets) with a *recording* comm hook around the method's hook
+   (``allreduce_hook`` for gloo and homagg, ``fp16_compress_hook``, ``powerSGD_hook`` rank 1);
+2. ``warmup`` iterations that record every bucket's local gradient density (PowerSGD compresses
+   from the third iteration on, so the timed ones are compressed);
+3. ``iterations`` timed iterations (zero_grad, forward, backward + communication, SGD step),
+   counting the bytes of every ``dist.all_reduce`` payload (gloo methods) or the homagg group's
+   ``stats.bytes_sent`` (homagg);
+4. ``iterations`` compute-only iterations: the same work under ``ddp.no_sync()`` (no
+   communication at all; all ranks start each one together after a barrier, so the CPU
+   contention is that of training); the parameters are restored afterwards;
+5. one check iteration: every bucket's input (already divided by W, as DDP's hook does) and
+   output are kept; the float64 sum of all ranks' inputs comes from a gloo all_reduce of float64
+   copies, and every output element must lie within homagg's documented bound
+   ``W * 2**-22 * M`` (``M``: max |input| over the element's codec block and all ranks; for sparse
+   buckets, over the whole tensor, a looser bound); every rank reports digests of the outputs and
+   of its parameters, so the launcher checks that ranks agree bit for bit.
+
+Batches are drawn from generators seeded by (seed, model, rank, iteration).  One JSON line
+(after :data:`~homagg.bench._ranks.RECORD_MARK`) per model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ._allreduce_rank import _blocks, _seed, check_result
+from ._models_zoo import ModelSpec, density, spec
+from ._ranks import RECORD_MARK, die_with_launcher
+
+__all__ = ["METHODS", "LOSSY", "rank_main", "Recorder"]
+
+#: method -> (backend, sparse embeddings); a method's comm hook is chosen in :func:`_inner_hook`
+METHODS: dict[str, tuple[str, bool]] = {"gloo": ("gloo", False), "homagg": ("homagg", False),
+                                        "homagg-sparse": ("homagg", True), "powersgd": ("gloo", False),
+                                        "fp16": ("gloo", False)}
+LOSSY = frozenset({"powersgd", "fp16"})
+
+
+class _Bytes:
+    """Counts the payload bytes of every ``dist.all_reduce`` while installed (gloo methods)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._orig = dist.all_reduce
+
+        def counting(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if not tensor.is_sparse:
+                self.total += tensor.numel() * tensor.element_size()
+            return self._orig(tensor, *args, **kwargs)
+
+        dist.all_reduce = counting  # type: ignore[assignment]
+
+    def close(self) -> None:
+        dist.all_reduce = self._orig  # type: ignore[assignment]
+
+
+class Recorder:
+    """Comm-hook state: the method's hook plus, while ``record``, each bucket's density and I/O."""
+
+    def __init__(self, inner: Any, inner_state: Any) -> None:
+        self.inner, self.inner_state = inner, inner_state
+        self.record = False
+        self.keep = False
+        #: finish each bucket before DDP hands over the next (PowerSGD on gloo: see :func:`_inner_hook`)
+        self.serial = False
+        self.densities: dict[int, list[float]] = {}
+        self.numels: dict[int, int] = {}
+        self.kept: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+    def note(self, index: int, buffer: torch.Tensor) -> None:
+        self.densities.setdefault(index, []).append(density(buffer))
+        self.numels[index] = buffer.numel()
+
+
+def _hook(state: Recorder, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    index = bucket.index()
+    if state.record:
+        state.note(index, bucket.buffer())
+    if not state.keep:
+        fut = state.inner(state.inner_state, bucket)
+        if state.serial:
+            fut.wait()  # bounded by the group's timeout
+        return fut
+    # the hooks divide by W in place before reducing: keep the divided input, as the codec saw it
+    world = dist.get_world_size()
+    before = bucket.buffer().clone() / world
+    fut = state.inner(state.inner_state, bucket)
+    if state.serial:
+        fut.wait()
+
+    def keep(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        out = f.value()
+        state.kept[index] = (before, out.clone())
+        return out
+
+    return fut.then(keep)
+
+
+# DDP checks the hook's annotations at run time (classes, not the strings this module's
+# ``from __future__ import annotations`` makes of them)
+_hook.__annotations__ = {"state": Recorder, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+
+
+def _inner_hook(method: str, group: Any) -> tuple[Any, Any]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if method == "fp16":
+        return default_hooks.fp16_compress_hook, group
+    if method == "powersgd":
+        # torch's PowerSGD hook starts collectives from inside future callbacks; with gloo, two
+        # buckets in flight then issue them in different orders on different ranks and hang
+        # (seen on torch 2.13): the caller sets Recorder.serial, one bucket at a time
+        state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=1,
+                                            start_powerSGD_iter=2, min_compression_rate=2)
+        return powerSGD_hook.powerSGD_hook, state
+    return default_hooks.allreduce_hook, group
+
+
+def _digest(tensors: list[torch.Tensor]) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for t in tensors:
+        t = t.detach()
+        h.update((t.to_dense() if t.is_sparse else t).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _check(rec: Recorder, side: Any, world: int, block: int) -> dict[str, Any]:
+    """Compare every kept bucket output with the float64 sum of all ranks' inputs (side gloo group)."""
+    ok, worst_rel, worst_abs = True, 0.0, 0.0
+    for index in sorted(rec.kept):
+        before, out = rec.kept[index]
+        sparse = before.is_sparse
+        x = (before.to_dense() if sparse else before).flatten()
+        y = (out.to_dense() if out.is_sparse else out).flatten()
+        exact = x.double()
+        dist.all_reduce(exact, group=side)
+        blk = x.numel() if sparse else block
+        bmax = _blocks(x.abs(), max(blk, 1)).amax(dim=1).double()
+        dist.all_reduce(bmax, op=dist.ReduceOp.MAX, group=side)
+        good, err = check_result(y, exact, world * 2.0**-22 * bmax, max(blk, 1))
+        ok = ok and good
+        worst_abs = max(worst_abs, err)
+        scale = float(exact.abs().max()) if exact.numel() else 0.0
+        worst_rel = max(worst_rel, err / scale if scale else 0.0)
+    return {"within_bound": ok, "max_abs_err": worst_abs, "max_rel_err": worst_rel,
+            "bucket_digest": _digest([rec.kept[i][1] for i in sorted(rec.kept)])}
+
+
+def _iteration(ddp: nn.Module, model_spec: ModelSpec, opt: torch.optim.Optimizer, gen_seed: int,
+               batch: int) -> float:
+    data = model_spec.batch(torch.Generator().manual_seed(gen_seed), batch)
+    t0 = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    model_spec.loss(ddp, data).backward()
+    opt.step()
+    return time.perf_counter() - t0
+
+
+def run_model(name: str, method: str, args: argparse.Namespace, pg: Any, side: Any, block: int) -> dict[str, Any]:
+    """Warm-up, timed, compute-only and check iterations of one model; rank's report."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model_spec = spec(name, args.quick)
+    batch = args.batch or model_spec.batch_size
+    torch.manual_seed(0)
+    model = model_spec.build(METHODS[method][1])
+    ddp = DistributedDataParallel(model)  # the models have no buffers
+    rec = Recorder(*_inner_hook(method, None))
+    rec.serial = method == "powersgd"
+    ddp.register_comm_hook(rec, _hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    seeds = iter(range(10**6))
+
+    def step() -> float:
+        return _iteration(ddp, model_spec, opt, _seed(args.seed, name, rank, next(seeds)), batch)
+
+    rec.record = True
+    for _ in range(args.warmup):
+        step()
+    rec.record = False
+    print(f"{name}: warm-up done", flush=True)
+    counter = _Bytes()
+    stats = getattr(pg, "stats", None)
+    sent0 = int(stats.bytes_sent) if stats is not None else 0
+    dist.barrier(group=side)
+    try:
+        times = [step() for _ in range(args.iterations)]
+    finally:
+        counter.close()
+    sent = (int(stats.bytes_sent) - sent0) if stats is not None else None
+    print(f"{name}: timed iterations done", flush=True)
+    saved = [p.detach().clone() for p in model.parameters()]
+    compute = []
+    for _ in range(args.iterations):
+        dist.barrier(group=side)
+        with ddp.no_sync():
+            compute.append(step())
+    with torch.no_grad():
+        for p, s in zip(model.parameters(), saved):
+            p.copy_(s)
+    del saved
+    opt.zero_grad(set_to_none=True)
+    rec.record = rec.keep = True
+    step()
+    rec.record = rec.keep = False
+    check = _check(rec, side, world, block)
+    rec.kept.clear()
+    ring = 2 * (world - 1) / world
+    report = {
+        "model": name, "method": method, "summary": model_spec.summary, "batch": batch,
+        "params": sum(p.numel() for p in model.parameters()), "times": times, "compute_times": compute,
+        "bytes_per_iteration": sent / args.iterations if sent is not None else ring * counter.total / args.iterations,
+        "bucket_numel": [rec.numels[i] for i in sorted(rec.numels)],
+        "bucket_density": [statistics.fmean(rec.densities[i]) for i in sorted(rec.densities)],
+        "param_digest": _digest(list(model.parameters())), "load_avg": list(os.getloadavg()), **check,
+    }
+    del ddp, model, opt
+    return report
+
+
+def rank_main(args: argparse.Namespace) -> int:
+    """Entry point of a rank (hidden ``--_worker``): one JSON line per model on stdout."""
+    die_with_launcher()
+    import homagg
+    import homagg.torch  # noqa: F401 - registers the backend
+
+    torch.set_num_threads(1)
+    method = args._method
+    backend = METHODS[method][0]
+    options = {"scheme": args._scheme} if backend == "homagg" else None
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout), pg_options=options)
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        side = dist.new_group(backend="gloo")
+        codec = getattr(pg, "_codec", None)
+        block = int(getattr(codec, "block_size", 0) or homagg.CodecConfig().block_size)
+        for name in args._models:
+            line = run_model(name, method, args, pg, side, block)
+            print(f"\n{RECORD_MARK}{json.dumps(line)}", flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0

@@ -6,7 +6,8 @@ A rank joins the default group of the method's backend (``gloo``, or ``homagg`` 
 1. builds it with ``torch.manual_seed(0)`` (DDP broadcasts rank 0's parameters anyway), wraps it
    in DDP (default 25 MB buckets) with a *recording* comm hook around the method's hook
    (``allreduce_hook`` for gloo and homagg, ``fp16_compress_hook``, ``powerSGD_hook`` rank 1);
-2. ``warmup`` iterations that record every bucket's local gradient density (PowerSGD compresses
+2. ``warmup`` iterations, all but the first (after which DDP rebuilds its buckets) recording every
+   bucket's local gradient density (PowerSGD compresses
    from the third iteration on, so the timed ones are compressed);
 3. ``iterations`` timed iterations (zero_grad, forward, backward + communication, SGD step),
    counting the bytes of every ``dist.all_reduce`` payload (gloo methods) or the homagg group's
@@ -192,8 +193,8 @@ def run_model(name: str, method: str, args: argparse.Namespace, pg: Any, side: A
     def step() -> float:
         return _iteration(ddp, model_spec, opt, _seed(args.seed, name, rank, next(seeds)), batch)
 
-    rec.record = True
-    for _ in range(args.warmup):
+    for i in range(args.warmup):
+        rec.record = i > 0  # DDP rebuilds its buckets after the first iteration: record the final ones
         step()
     rec.record = False
     print(f"{name}: warm-up done", flush=True)

@@ -9,9 +9,12 @@ Every error homagg raises derives from :class:`HomAggError`, so callers can catc
     │   ├── NonFiniteError     NaN or Inf in an input (raised before anything is sent)
     │   └── IntegerOverflowError  an integer SUM whose exact result does not fit the dtype
     ├── ProtocolError          workers disagree, or a combined stream is malformed
+    │   └── RankMismatchError  ranks called a collective on different sizes/dtypes/options
     ├── WireFormatError        a datagram does not parse as a homagg packet
     └── TransportError         the switch could not be reached or did not answer
-        └── SwitchTimeoutError  a bounded wait ran out (names job, slot/offset, missing workers)
+        ├── SwitchTimeoutError  a bounded wait ran out (names job, slot/offset, missing workers)
+        ├── RankTimeoutError    ranks of a process group did not arrive in time (``ranks``)
+        └── GroupCreationError  a homagg process group could not be created on every rank
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ __all__ = [
     "NonFiniteError",
     "IntegerOverflowError",
     "ProtocolError",
+    "RankMismatchError",
     "WireFormatError",
     "TransportError",
     "SwitchTimeoutError",
+    "RankTimeoutError",
+    "GroupCreationError",
 ]
 
 
@@ -58,6 +64,11 @@ class ProtocolError(HomAggError):
     """Workers or streams are inconsistent (e.g. different shapes, short combined stream)."""
 
 
+class RankMismatchError(ProtocolError):
+    """Ranks disagree about a collective (tensor size, dtype, scheme, world size); raised on every
+    rank within the call's first round trip, naming each field's range over the ranks."""
+
+
 class WireFormatError(HomAggError):
     """Bytes that do not form a valid homagg packet."""
 
@@ -68,3 +79,25 @@ class TransportError(HomAggError, ConnectionError):
 
 class SwitchTimeoutError(TransportError, TimeoutError):
     """A bounded network wait ran out; the message names what was missing."""
+
+
+class RankTimeoutError(TransportError, TimeoutError):
+    """Ranks of a process group did not arrive within a bounded wait (``monitored_barrier``).
+
+    ``ranks`` names them (group ranks, ascending); the message names them too.
+    """
+
+    def __init__(self, message: str = "", ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+
+
+class GroupCreationError(TransportError):
+    """Creating a homagg process group failed on this rank: a peer died or never registered, the
+    rendezvous store or the switch went away.  ``ranks`` names the group ranks known not to have
+    finished registering (empty when the store could not tell); the cause is chained.
+    """
+
+    def __init__(self, message: str = "", ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)

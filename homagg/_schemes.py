@@ -47,8 +47,9 @@ from collections.abc import Generator, Hashable
 
 import torch
 
-from . import _bitmap, _sketch
+from . import _bitmap, _descriptor, _sketch
 from ._config import CodecConfig, check_scheme
+from ._errors import ProtocolError
 from ._history import Agreed, History
 from ._stats import WorkerStats
 from .transport import Stream
@@ -108,13 +109,33 @@ def run(w: Worker, scheme: str, stats: WorkerStats, history: History | None = No
     slot = _slot(w, key)
     prior = history.get(slot) if history is not None else None
     _prepare(w, scheme, prior)
-    if prior is None:
-        flat = yield from _first_call(w, scheme, stats)
-    else:
-        flat = yield from _steady(w, scheme, stats, prior)
+    body = _first_call(w, scheme, stats) if prior is None else _steady(w, scheme, stats, prior)
+    flat = yield from _described(body, w, scheme, stats)
     if history is not None:
         history.put(slot, Agreed(w.exponents, w.union))
     return flat
+
+
+def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats) -> Protocol:
+    """``body`` with the call descriptor (:mod:`homagg._descriptor`) at the head of its first round:
+    ranks that disagree about the call raise :class:`~homagg.RankMismatchError` after that round."""
+    try:
+        first = next(body)
+    except StopIteration as stop:  # a protocol that needed no round
+        return stop.value
+    head = _descriptor.describe(w.numel, w.dtype, scheme, w.world_size, first, w.device)
+    stats.bytes_per_stream[head.name] += 4 * head.words.numel()
+    combined = yield [head, *first]
+    if not combined:
+        raise ProtocolError("switch returned no streams for a call's first round")
+    _descriptor.check(combined[0])
+    value: list[torch.Tensor] = combined[1:]
+    while True:
+        try:
+            streams = body.send(value)
+        except StopIteration as stop:
+            return stop.value
+        value = yield streams
 
 
 def _slot(w: Worker, key: Hashable) -> tuple[Hashable, ...]:

@@ -23,8 +23,8 @@ oracle); the emulator's numpy stage (``switch_emulator/combine.py``) and the P4 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,11 +36,18 @@ __all__ = ["CombineOp", "Stream", "SwitchPort", "combine_words", "wrap_int32"]
 
 @dataclass(frozen=True)
 class Stream:
-    """One int32 word vector of a round, with its combine op and a name for statistics."""
+    """One int32 word vector of a round, with its combine op and a name for statistics.
+
+    ``verify``, if set, is called with the stream's combined words; it raises (a typed
+    :class:`~homagg.HomAggError`) when they show the workers out of step.  A port calls it as soon
+    as the stream's words are back (before waiting for the rest of the round, where it can) and
+    then raises that error instead of waiting; the codec calls it again on the round's results.
+    """
 
     name: str
     op: CombineOp
     words: torch.Tensor
+    verify: Callable[[torch.Tensor], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         w = self.words

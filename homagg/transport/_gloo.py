@@ -43,6 +43,12 @@ class GlooSwitchPort(SwitchPort):
         gloo = self._gloo
         if gloo is None:
             raise TransportError("gloo switch port is closed")
+        if len(streams) > 1 and streams[0].verify is not None:
+            # a verified head (the call descriptor) alone first: out-of-step ranks fail on it here,
+            # not inside a gloo allreduce of mismatched sizes
+            head = self.combine([streams[0]])[0]
+            streams[0].verify(head)
+            return [head, *self.combine(streams[1:])]
         results: list[torch.Tensor | None] = [None] * len(streams)
         for op in (CombineOp.ADD, CombineOp.OR, CombineOp.MAX):
             idx = [i for i, s in enumerate(streams) if s.op == op]

@@ -207,6 +207,7 @@ class UdpSwitchPort(SwitchPort):
         est = self.rtt
         last_g, last_retx = self._last_g, self._last_retx
         completed = bytearray(total)
+        verify_left = sum(1 for ch in chunks if ch[0] == 0) if streams and streams[0].verify else 0
         low = 0  # every chunk below ``low`` has its result
         fr_next = 0  # chunks below this were already considered for fast retransmit
         stats = self.stats
@@ -264,6 +265,10 @@ class UdpSwitchPort(SwitchPort):
                             self._late_result(s, tag, bank)  # late or duplicated result of an earlier use
                             continue
                         outs[j][off:off + wc] = payload_view(rbuf, wc)
+                        if j == 0 and verify_left:
+                            verify_left -= 1
+                            if not verify_left:  # stream 0 is back: out of step -> raise now, not at timeout
+                                self._verify_early(streams[0], outs[0], seq0 + total)
                         self.stats["results"] += 1
                         done += 1
                         got += 1
@@ -319,6 +324,17 @@ class UdpSwitchPort(SwitchPort):
                 select.select(waits, [], [], max(0.0, min(next_scan, last_progress + self.timeout) - now) + 1e-4)
         self._seq = seq0 + total
         self._sync_rtt_stats()
+
+    def _verify_early(self, stream: Stream, words: np.ndarray, next_seq: int) -> None:
+        """Run ``stream.verify`` on its combined words; if it raises, the round is abandoned (the
+        sequence moves past it) and the error propagates at once."""
+        assert stream.verify is not None
+        try:
+            stream.verify(torch.from_numpy(words.copy()))
+        except BaseException:
+            self._seq = next_seq
+            self._sync_rtt_stats()
+            raise
 
     def _late_result(self, s: int, tag: int, bank: int) -> None:
         """Count a result that matches no outstanding chunk; a second copy of a retransmitted,

@@ -1,0 +1,88 @@
+"""The call descriptor: a few words at the head of every call's first round, so that ranks which
+disagree about a call (tensor size, dtype, scheme, world size) fail within that round trip.
+
+Without it, two ranks that call ``all_reduce`` on tensors of different sizes send rounds of
+different lengths: the switch combines the words they share and the longer rank waits for words
+the shorter one never sends, until its timeout names a worker that "has not been heard from" —
+true but misleading.  With it, each field ``f`` travels as ``f`` and ``~f`` in one MAX stream;
+the switch returns ``max f`` and ``~min f``, so every rank sees whether all ranks agree and, if
+not, the range of each field.  The stream is the first of the round, so it rides in the round's
+first datagram: a transport that passes each result as it arrives
+(:attr:`~homagg.transport.Stream.verify`) reports a mismatch as soon as that datagram is back,
+before waiting for words that will never come.
+
+Invariant: :func:`check` raises :class:`~homagg.RankMismatchError` on every rank, with the same
+message, exactly when some field differs between two ranks; agreeing ranks pay 64 bytes per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ._config import SCHEMES
+from ._errors import ProtocolError, RankMismatchError
+from .transport import Stream
+from .wire import CombineOp
+
+__all__ = ["NAME", "FIELDS", "describe", "check"]
+
+NAME = "descriptor"
+#: descriptor fields, in stream order (each a non-negative int31; 62-bit values take two fields)
+FIELDS = ("version", "numel", "numel_high", "dtype", "scheme", "world_size", "round_words", "round_words_high")
+_VERSION = 1
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64,
+           torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
+_LOW = (1 << 31) - 1
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    return _DTYPES.index(dtype) + 1 if dtype in _DTYPES else 0
+
+
+def describe(numel: int, dtype: torch.dtype, scheme: str, world_size: int, streams: Sequence[Stream],
+             device: torch.device) -> Stream:
+    """The descriptor stream of a call whose first round carries ``streams``."""
+    words = sum(s.words.numel() for s in streams)
+    values = [_VERSION, numel & _LOW, numel >> 31, _dtype_code(dtype),
+              SCHEMES.index(scheme) + 1 if scheme in SCHEMES else 0, world_size, words & _LOW, words >> 31]
+    field = torch.tensor(values, dtype=torch.int32)
+    return Stream(NAME, CombineOp.MAX, torch.cat([field, ~field]).to(device), verify=check)
+
+
+def _name(key: str, value: int) -> str:
+    if key == "dtype":
+        return str(_DTYPES[value - 1]) if 0 < value <= len(_DTYPES) else f"dtype #{value}"
+    if key == "scheme":
+        return SCHEMES[value - 1] if 0 < value <= len(SCHEMES) else f"scheme #{value}"
+    return f"{value:,}"
+
+
+def check(combined: torch.Tensor) -> None:
+    """Raise :class:`RankMismatchError` naming every field on which the ranks disagree."""
+    words = combined.to("cpu", torch.int64)
+    n = len(FIELDS)
+    if words.numel() != 2 * n:
+        raise ProtocolError(f"descriptor: {words.numel()} combined words, expected {2 * n}")
+    high = words[:n].tolist()
+    low = (~words[n:].to(torch.int32)).to(torch.int64).tolist()
+    if high == low:
+        return
+    parts = []
+    for i, key in enumerate(FIELDS):
+        if key.endswith("_high"):
+            continue
+        wide = i + 1 < n and FIELDS[i + 1] == key + "_high"
+        if low[i] == high[i] and not (wide and low[i + 1] != high[i + 1]):
+            continue
+        label = key.replace("_", " ")
+        if wide and low[i + 1] != high[i + 1]:  # per-word MAX/MIN cannot rebuild a 62-bit range
+            parts.append(f"{label} (differs; some rank's is >= 2**31)")
+        else:
+            base = low[i + 1] << 31 if wide else 0
+            parts.append(f"{label} ({_name(key, base + low[i])} .. {_name(key, base + high[i])})")
+    raise RankMismatchError(
+        "ranks disagree about this all_reduce: " + "; ".join(parts)
+        + " (min .. max over ranks; every rank must call all_reduce on tensors of the same size and "
+          "dtype, in the same order, with the same options)")

@@ -294,8 +294,8 @@ class UdpSwitchPort(SwitchPort):
                             cur[s] = -1
                 except BlockingIOError:
                     pass
-                except ConnectionRefusedError:
-                    pass  # ICMP port unreachable from a switch not (yet) up: keep retrying until timeout
+                except ConnectionRefusedError:  # ICMP port unreachable: switch not (yet) up, or gone
+                    self.stats["refused"] = self.stats.get("refused", 0) + 1  # keep retrying until timeout
             now = time.monotonic()
             if got:
                 last_progress = now
@@ -363,7 +363,7 @@ class UdpSwitchPort(SwitchPort):
             except OSError:
                 pass  # treated as loss: retransmitted after the RTO
         except ConnectionRefusedError:
-            pass
+            self.stats["refused"] = self.stats.get("refused", 0) + 1
         except OSError as exc:
             raise transport_error(exc, f"job {self.job.job_id} worker {self.rank}: sending to {self.switch_addr}") from exc
 
@@ -388,6 +388,9 @@ class UdpSwitchPort(SwitchPort):
                     detail = f"the switch has not heard from workers {missing} for this slot"
             except Exception as exc:  # noqa: BLE001 - diagnostics only
                 detail = f"could not ask the switch: {exc}"
+        if self.stats.get("refused"):
+            detail += (f"; the switch's data port refused {self.stats['refused']} datagrams (ICMP port "
+                       "unreachable): is the switch process gone?")
         err = SwitchTimeoutError(
             f"job {job.job_id} worker {self.rank}: no progress for {self.timeout}s; waiting on slot {slot} "
             f"bank {bank} (stream {streams[j].name!r} offset {off}, {len(pending)} chunks pending); {detail}"

@@ -1,0 +1,49 @@
+"""``homagg bench faults --quick``: the CI form of the reliability figures.  Oracle: every
+all_reduce's exact integer sum (checked by the workers), the switch's own counters, the process
+table (resident memory sampled for the switch and every worker), and the record's schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from homagg.cli import main
+
+
+@pytest.mark.slow
+def test_bench_faults_quick_records_well_formed_and_exact(tmp_path: Path) -> None:
+    pytest.importorskip("scapy")
+    out = tmp_path / "faults.json"
+    assert main(["bench", "faults", "--quick", "--json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["bench"] == "faults" and rec["quick"] is True and "cpus=" in rec["machine"]
+    assert isinstance(rec["load_1min_start"], float) and isinstance(rec["load_1min_end"], float)
+
+    soak = rec["soak"]
+    assert soak["workers"] == 4 and soak["loss"] == {"drop": 0.01, "duplicate": 0.01, "reorder": 0.01}
+    assert soak["exact"] is True and soak["inexact"] == [] and soak["all_reduces"] >= 4
+    assert set(soak["schemes"]) <= {"dense", "sketch", "compact", "auto"} and len(soak["schemes"]) >= 2
+    assert set(soak["rss"]) == {"switch", "worker0", "worker1", "worker2", "worker3"}
+    for v in soak["rss"].values():
+        assert 5 < v["warm_mib"] <= v["max_mib"] and v["end_mib"] <= v["max_mib"]
+        assert v["growth_mib"] == pytest.approx(v["end_mib"] - v["warm_mib"], abs=0.11)
+    assert soak["rss_within_bound"] is True and soak["rss_samples"] >= 3
+    sw = soak["switch"]
+    assert sw["completed"] > 0 and sw["drop_injected"] + sw["drop_injected_egress"] > 0  # faults really on
+
+    fz = rec["fuzz"]
+    assert fz["datagrams"] == 3000 and fz["exact"] is True and fz["switch_alive"] is True
+    assert min(fz["legit_runs"]) >= 1 and fz["problems"] == []
+    assert fz["switch"]["dropped"] >= 0.9 * fz["datagrams"]  # a few may be lost in full socket buffers
+    cg = fz["coverage_guided"]
+    assert (cg["ran"] and cg["crashed"] is False and cg["coverage_edges"] > 0) or (not cg["ran"] and cg["why"])
+
+    rates = [r["loss"] for r in rec["loss"]]
+    assert rates == [0.001, 0.01, 0.05, 0.2]
+    for r in rec["loss"]:
+        assert r["exact"] is True and r["all_reduces"] == 3 and r["workers"] == 4
+        assert 0 < r["median_s"] <= r["p90_s"] and r["retransmits_per_all_reduce"] >= 0
+    heavy = rec["loss"][-1]
+    assert heavy["switch_injected_drops"] > 0 and heavy["retransmits_per_all_reduce"] > 0

@@ -7,10 +7,24 @@ gradients take this path); broadcast, allgather, ``all_gather_single``
 (``all_gather_into_tensor``), barrier and every allreduce the codec does not take
 (MAX/MIN/PRODUCT/BAND..., other dtypes and layouts) run on a private gloo group.  All of
 these run on the group's :class:`~homagg.torch._work.FifoWorker`, in call order on every rank.
-Every other op (reduce, gather, scatter, all_to_all, send/recv, reduce_scatter, coalesced and
-functional collectives) is routed by torch's dispatcher to a *second* gloo group registered as the
-group's CPU (and CUDA) backend; two gloo groups keep the worker thread's calls and the caller
-thread's calls from interleaving differently on different ranks.
+Every other op (reduce, gather, scatter, all_to_all, send/recv, reduce_scatter, coalesced ops)
+runs in the caller's thread on a *second* gloo group, the delegate (two gloo groups keep the
+worker thread's calls and the caller thread's calls from interleaving differently on different
+ranks); :meth:`monitored_barrier` is a store barrier that names the ranks that did not arrive.
+
+GIL invariant (the deadlock of issue 13): no thread may hold the GIL while it waits for one of
+gloo's locks, because gloo's threads free finished work under its queue lock, and freeing a
+tensor that has a Python object takes the GIL.  torch's C++ trampoline for a Python
+``ProcessGroup`` subclass holds the GIL while it calls an op the subclass does not define
+(``allreduce_coalesced``, ``all_to_all_single``, ``reduce_scatter``...: gloo's ``enqueue`` then
+blocks on that lock with the GIL held).  So this class defines *every* op in Python: delegated
+ops call a plain C++ ``ProcessGroup`` that has the delegate as its only backend, whose bindings
+release the GIL before entering gloo, as the worker's calls of the private gloo group do.
+
+Creation is symmetric: a group exists only when every rank has registered with the switch (a
+store barrier, bounded by the group timeout).  Any failure while creating it (a peer died, the
+store or the switch went away) raises one :class:`~homagg.GroupCreationError` naming the ranks
+that had not finished; :class:`~homagg.ConfigError` (options differ) is raised unchanged.
 
 Errors: the first failed collective makes the group unusable (ranks may be out of step): later
 collectives raise that same typed error at once.  Collectives issued during backward (DDP) are
@@ -18,13 +32,13 @@ checked by a final autograd callback so that ``loss.backward()`` raises the type
 rather than the RuntimeError a C++ future would make of it.
 
 Invariants: after :meth:`shutdown` no thread of this group is alive (bounded join), the switch port
-and the private gloo group are released, and later collectives raise
-:class:`~homagg.TransportError`.
+and both gloo groups are released, and later collectives raise :class:`~homagg.TransportError`.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from datetime import timedelta
@@ -34,9 +48,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore, ProcessGroup
 
-from .._errors import InputError, TransportError
+from .._errors import ConfigError, GroupCreationError, InputError, TransportError
 from ._config import BackendConfig
-from ._switch_setup import SwitchLink, open_switch
+from ._switch_setup import SwitchLink, absent_ranks, await_ranks, open_switch, report_failure
 from ._work import FifoWorker, HomaggWork, TaskResult
 
 __all__ = ["ProcessGroupHomagg", "CODEC_FLOAT_DTYPES", "CODEC_INT_DTYPES"]
@@ -46,6 +60,16 @@ CODEC_INT_DTYPES = frozenset({torch.int32, torch.int64})
 
 _LIVE: weakref.WeakSet[ProcessGroupHomagg] = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
+_READY_KEY = "homagg/ready"  # creation barrier: every rank registered with the switch
+_GLOO = ProcessGroup.BackendType.GLOO
+#: ops that run on the delegate gloo group, under the names torch's Python API and its C++
+#: trampoline use (a name the subclass does not define is called by the trampoline with the GIL held)
+DELEGATED_OPS = (
+    "allreduce_coalesced", "allgather_coalesced", "allgather_into_tensor_coalesced", "all_gather_single_coalesced",
+    "reduce", "gather", "scatter", "alltoall", "alltoall_base", "all_to_all_single", "send", "recv",
+    "recv_anysource", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single",
+    "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced",
+)
 
 
 def _reduce_op(opts: Any) -> Any:
@@ -93,29 +117,41 @@ class ProcessGroupHomagg(ProcessGroup):
         self._group_name = ""
         self._group_desc = ""
         self._closed = False
-        # delegate: ops torch dispatches to the backend (caller's thread); private: the worker's.
-        self._delegate: dist.ProcessGroup | None = dist.ProcessGroupGloo(PrefixStore("homagg/delegate/", store), rank, size, timeout)
-        self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, self._delegate)
-        if torch.cuda.is_available():
-            self._register_backend(torch.device("cuda"), ProcessGroup.BackendType.GLOO, self._delegate)
-        self._private: dist.ProcessGroup | None = dist.ProcessGroupGloo(
-            PrefixStore("homagg/private/", store), rank, size, timeout
-        )
+        self._store: dist.Store | None = store
+        self._timeout = timeout
+        self._barriers = 0  # monitored barriers so far (each uses its own store keys)
+        self._delegate: dist.ProcessGroup | None = None  # gloo for ops in the caller's thread
+        self._delegate_pg: dist.ProcessGroup | None = None  # plain C++ group over the delegate
+        self._private: dist.ProcessGroup | None = None  # gloo for the worker thread
+        self._link: SwitchLink | None = None
         self._wait_s = timeout.total_seconds() + 5.0
         self._broken: BaseException | None = None  # sticky: first failed collective
         self._guards: dict[int, list[HomaggWork]] = {}  # backward graph task id -> its works
         self._guard_lock = threading.Lock()
         self._worker = FifoWorker(f"homagg-pg{group_id or ''}-r{rank}", self._wait_s, on_error=self._note_failure)
-        self._link: SwitchLink | None = None
         try:
-            self._link = open_switch(
-                self.config, store, rank, size, self._private, group_id, timeout.total_seconds()
-            )
-        except BaseException:
+            self._connect(store, rank, size, timeout, group_id)
+        except BaseException as exc:
             self._release()
-            raise
+            error = _creation_error(exc, store, rank, size, group_id)
+            if error is exc:
+                raise
+            raise error from exc
         with _LIVE_LOCK:
             _LIVE.add(self)
+
+    def _connect(self, store: dist.Store, rank: int, size: int, timeout: timedelta, group_id: str) -> None:
+        """Both gloo groups, the switch port, then the creation barrier (every rank registered)."""
+        self._delegate = dist.ProcessGroupGloo(PrefixStore("homagg/delegate/", store), rank, size, timeout)
+        self._delegate_pg = ProcessGroup(rank, size)  # exact C++ type: no trampoline, calls drop the GIL
+        devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+        for device in devices:
+            self._delegate_pg._register_backend(torch.device(device), _GLOO, self._delegate)
+            self._register_backend(torch.device(device), _GLOO, self._delegate)  # C++-internal callers
+        self._delegate_pg._set_default_backend(_GLOO)
+        self._private = dist.ProcessGroupGloo(PrefixStore("homagg/private/", store), rank, size, timeout)
+        self._link = open_switch(self.config, store, rank, size, self._private, group_id, timeout.total_seconds())
+        await_ranks(store, _READY_KEY, rank, size, timeout.total_seconds(), "group creation (registration with the switch)")
 
     # ------------------------------------------------------------------ identity
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -200,6 +236,31 @@ class ProcessGroupHomagg(ProcessGroup):
         opts = opts if opts is not None else dist.BarrierOptions()
         return self._submit("barrier", lambda: self._gloo(lambda g: g.barrier(opts), []))
 
+    def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
+        """Barrier that names the ranks that did not arrive (gloo's ``monitored_barrier`` semantics).
+
+        Blocks the caller (like gloo's, not ordered after this group's pending async work) until
+        every rank arrived, at most ``timeout`` (default: the group timeout); then raises
+        :class:`~homagg.RankTimeoutError` on every rank that arrived, naming the first rank that
+        did not arrive, or all of them with ``wait_all_ranks=True`` (its ``ranks`` attribute).
+        ``torch.distributed.monitored_barrier`` refuses every backend but gloo by name: call
+        ``group.monitored_barrier(...)`` (``dist.group.WORLD`` for the default group) instead.
+        """
+        store = self._store
+        if self._closed or store is None:
+            raise TransportError("homagg monitored_barrier: the process group has been shut down")
+        seconds = (timeout if timeout is not None else self._timeout).total_seconds()
+        self._barriers += 1
+        await_ranks(store, f"homagg/monitored/{self._barriers}", self.rank(), self.size(), seconds,
+                    "monitored_barrier", all_ranks=wait_all_ranks)
+
+    def _delegated_group(self, op: str) -> dist.ProcessGroup:
+        """The plain group over the delegate gloo group that runs ``op`` (see the module docstring)."""
+        pg = self._delegate_pg
+        if self._closed or pg is None:
+            raise TransportError(f"homagg {op}: the process group has been shut down")
+        return pg
+
     # ------------------------------------------------------------------ plumbing
     def _submit(self, op: str, fn: Any) -> HomaggWork:
         if self._closed:
@@ -272,8 +333,14 @@ class ProcessGroupHomagg(ProcessGroup):
         link, self._link = self._link, None
         if link is not None:
             link.close()
+        if self._private is not None or self._delegate is not None:
+            # gloo's threads free finished work under their queue lock and may need the GIL for
+            # it; dropping a gloo group joins them with the GIL held: let them finish first.
+            time.sleep(0.02)
         self._private = None
+        self._delegate_pg = None
         self._delegate = None  # the C++ group keeps the registered backend until it is freed
+        self._store = None
         # pybind objects are invisible to the cycle collector: drop what can point back at us
         # (a failure's traceback holds our frames; the guards hold works).
         self._broken = TransportError("homagg process group is shut down") if self._broken is not None else None
@@ -281,6 +348,43 @@ class ProcessGroupHomagg(ProcessGroup):
 
     def __repr__(self) -> str:
         return f"ProcessGroupHomagg(rank={self.rank()}, size={self.size()}, switch={self.config.switch!r})"
+
+
+def _delegated(name: str) -> Any:
+    def op(self: ProcessGroupHomagg, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._delegated_group(name), name)(*args, **kwargs)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"``{name}`` on the delegate gloo group, in the caller's thread, GIL released."
+    return op
+
+
+for _name in DELEGATED_OPS:
+    setattr(ProcessGroupHomagg, _name, _delegated(_name))
+
+
+def _creation_error(exc: BaseException, store: dist.Store, rank: int, size: int, group_id: str) -> BaseException:
+    """The one error a failed group creation raises on this rank (``exc`` itself for config errors).
+
+    Tells the ranks still waiting in the creation barrier (they fail at once, naming this rank).
+    """
+    if not isinstance(exc, Exception):
+        return exc  # KeyboardInterrupt, SystemExit
+    report_failure(store, _READY_KEY, rank, f"{type(exc).__name__}: {str(exc)[:300]}")
+    if isinstance(exc, ConfigError):
+        return exc
+    try:
+        missing = [r for r in absent_ranks(store, _READY_KEY, size) if r != rank]
+        where = ""
+    except RuntimeError:
+        missing = []
+        where = "; the rendezvous store is unreachable (the process hosting it may have died)"
+    named = tuple(getattr(exc, "ranks", ()) or missing)
+    who = f"; rank(s) {', '.join(map(str, named))} had not finished registering" if named else ""
+    text = str(exc).split("\nException raised from", 1)[0][:400]  # torch appends C++ frames
+    return GroupCreationError(
+        f"homagg: creating process group {group_id or '0'} failed on rank {rank} of {size}{who}{where}: "
+        f"{type(exc).__name__}: {text}", named)
 
 
 def shutdown_all() -> None:

@@ -8,26 +8,30 @@
   switch's control client and publishes it the same way.
 * ``gloo``: :class:`~homagg.transport.GlooSwitchPort` over the worker's private gloo group.
 
+Also the group's store barrier (:func:`await_ranks`), used when a group is created (it returns
+only once every rank registered with the switch) and by ``monitored_barrier``.
+
 Invariants: every rank of the group agrees on the switch, scheme and codec options (rank 0
 publishes its options, the others compare and raise :class:`~homagg.ConfigError` on mismatch);
-every store wait is bounded by the group timeout; :meth:`SwitchLink.close` releases the port and
-stops an owned emulator, and is idempotent.
+every store wait is bounded by the group timeout and a timeout names the ranks that are missing;
+:meth:`SwitchLink.close` releases the port and stops an owned emulator, and is idempotent.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 
 import torch.distributed as dist
 
-from .._errors import ConfigError, HomAggError
+from .._errors import ConfigError, HomAggError, RankTimeoutError, TransportError
 from ..transport import GlooSwitchPort, transport_error
 from ._config import BackendConfig
 from ._link import SwitchLink
 
-__all__ = ["SwitchLink", "open_switch"]
+__all__ = ["SwitchLink", "open_switch", "await_ranks", "report_failure", "absent_ranks"]
 
 _CONFIG_KEY = "homagg/config"
 _SWITCH_KEY = "homagg/switch"
@@ -77,3 +81,58 @@ def open_switch(
         raise
     except OSError as exc:
         raise ConfigError(f"homagg: cannot reach or start the switch ({config.switch}): {exc}") from exc
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def absent_ranks(store: dist.Store, key: str, size: int) -> list[int]:
+    """Group ranks that have not arrived at barrier ``key`` (store lookups only, no waiting)."""
+    return [r for r in range(size) if not store.check([f"{key}/{r}"])]
+
+
+def report_failure(store: dist.Store, key: str, rank: int, message: str) -> None:
+    """Tell the ranks waiting at barrier ``key`` that this rank failed (best effort: the store may be gone)."""
+    try:
+        store.set(f"{key}/failed/{rank}", message[:500])
+        store.add(f"{key}/failed", 1)
+    except RuntimeError:
+        pass
+
+
+def await_ranks(
+    store: dist.Store, key: str, rank: int, size: int, timeout_s: float, what: str, *, all_ranks: bool = True
+) -> None:
+    """Store barrier: arrive at ``key``, then wait until all ``size`` ranks arrived.
+
+    Bounded by ``timeout_s``; on timeout raises :class:`~homagg.RankTimeoutError` whose ``ranks``
+    are the ranks that did not arrive (all of them, or with ``all_ranks=False`` the first, as gloo's
+    ``monitored_barrier`` reports).  A rank that reported a failure (:func:`report_failure`) ends
+    the wait at once with its message.  An unreachable store raises :class:`~homagg.TransportError`.
+    Every key is used once: callers number successive barriers.
+    """
+    deadline = time.monotonic() + timeout_s
+    pause = 0.002
+    try:
+        store.set(f"{key}/{rank}", b"1")
+        arrived = store.add(key, 1)
+        while arrived < size:
+            if store.add(f"{key}/failed", 0) > 0:
+                failed = [r for r in range(size) if store.check([f"{key}/failed/{r}"])]
+                notes = "; ".join(f"rank {r}: {store.get(f'{key}/failed/{r}').decode()}" for r in failed)
+                raise RankTimeoutError(f"homagg {what}: {_ranks_text(failed)} failed ({notes})", tuple(failed))
+            if time.monotonic() >= deadline:
+                missing = absent_ranks(store, key, size)
+                if not missing:  # the last ones arrived just now
+                    return
+                named = missing if all_ranks else missing[:1]
+                raise RankTimeoutError(
+                    f"homagg {what}: {_ranks_text(named)} did not arrive within {timeout_s:.1f}s "
+                    f"(rank {rank} waited; {arrived} of {size} arrived)", tuple(named))
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+            arrived = store.add(key, 0)
+    except RuntimeError as exc:  # torch's DistNetworkError/DistStoreError: the store itself is gone
+        raise TransportError(f"homagg {what}: the rendezvous store is unreachable from rank {rank} "
+                             f"(the process hosting it may have died): {exc}") from exc

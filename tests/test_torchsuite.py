@@ -1,0 +1,160 @@
+"""``homagg torchsuite``: PyTorch's own distributed suite against homagg and gloo.
+
+The quick subset (all_reduce variants incl. coalesced, DDP on CPU, barrier, broadcast, get_future,
+no_sync) runs end to end through the command line and must show no regression, with most of its
+tests really running (not skipped) for both backends.  Further runs check that the homagg side
+really uses homagg groups, and that a homagg failure is reported as a regression (exit 1).
+The comparison and the gates are checked on their own without processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from homagg._torchsuite import QUICK, compare, select
+from homagg._torchsuite_gates import EXCEPTIONS, NAME_TESTS, _as_homagg, exception_reason, summarize
+
+pytestmark = pytest.mark.torchsuite
+
+ROOT = Path(__file__).resolve().parent.parent
+_QUICK_LIMIT_S = 900  # measured ~2 min on 2 shared cores; generous for a loaded CI machine
+
+
+def _torchsuite(tmp: Path, *args: str, env: dict[str, str] | None = None, limit_s: float = 600) -> tuple[int, dict[str, Any], str]:
+    pytest.importorskip("expecttest", reason="torch's test internals need expecttest (pip install expecttest)")
+    out = tmp / "suite.json"
+    cmd = [sys.executable, "-m", "homagg", "torchsuite", "--json", str(out), "--log-dir", str(tmp / "logs"),
+           "--no-progress", *args]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=limit_s,
+                       env={**os.environ, **(env or {})})
+    assert out.exists(), f"no JSON written (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.returncode, json.loads(out.read_text()), r.stdout + r.stderr
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], str]:
+    return _torchsuite(tmp_path_factory.mktemp("quick"), "--quick", limit_s=_QUICK_LIMIT_S)
+
+
+def test_quick_subset_has_no_regression(quick: tuple[int, dict[str, Any], str]) -> None:
+    rc, doc, output = quick
+    assert doc["regressions"] == [], output[-4000:]
+    assert rc == 0, output[-4000:]
+    assert "0 regression(s)" in output
+
+
+def test_quick_subset_really_runs_for_both_backends(quick: tuple[int, dict[str, Any], str]) -> None:
+    _, doc, output = quick
+    counts = doc["counts"]
+    total = len(doc["tests"])
+    assert total >= 35, sorted(doc["tests"])
+    for backend in ("gloo", "homagg"):
+        c = counts[backend]
+        assert c["pass"] + c["fail"] + c["skip"] + c["timeout"] == total
+        # at world 3 only the *_group variants skip (they need 8 ranks): most tests really run
+        assert c["pass"] >= 25, (backend, c, output[-3000:])
+        assert c["skip"] <= 12, (backend, c)
+    assert counts["homagg"]["pass"] >= counts["gloo"]["pass"] - len(doc["exceptions"])
+
+
+@pytest.mark.parametrize("test", [
+    "test_all_reduce_coalesced_sum", "test_all_reduce_coalesced_max", "test_all_reduce_coalesced_full_group_sum",
+    "test_all_reduce_sum_async", "test_all_reduce_product", "test_get_future", "test_barrier", "test_broadcast",
+    "test_DistributedDataParallelCPU", "test_accumulate_gradients_no_sync",
+    "test_accumulate_gradients_no_sync_allreduce_hook", "test_grads_same_across_ranks_with_no_sync",
+])
+def test_gated_tests_run_and_pass_for_homagg(quick: tuple[int, dict[str, Any], str], test: str) -> None:
+    """Tests the suite would skip (or mis-set-up) under the name 'homagg' run and pass for both."""
+    per = quick[1]["tests"][test]
+    assert per["gloo"]["outcome"] == "pass", per["gloo"]
+    assert per["homagg"]["outcome"] == "pass", per["homagg"]
+
+
+def test_homagg_side_really_uses_homagg_groups(tmp_path: Path) -> None:
+    # test_get_backend asserts dist.get_backend() for the default group and a subgroup; its body
+    # sees BACKEND="homagg" in the homagg run, so it passes only if both groups are homagg
+    rc, doc, output = _torchsuite(tmp_path, "-k", "test_get_backend", "--world", "3")
+    assert rc == 0, output[-3000:]
+    per = doc["tests"]["test_get_backend"]
+    assert per["gloo"]["outcome"] == "pass" and per["homagg"]["outcome"] == "pass", per
+
+
+def test_a_homagg_failure_is_a_regression(tmp_path: Path) -> None:
+    # an invalid scheme makes every homagg group creation raise ConfigError; gloo is unaffected
+    rc, doc, output = _torchsuite(tmp_path, "-k", "test_all_reduce_sum", "-k", "test_broadcast", "--world", "2",
+                                  env={"HOMAGG_SCHEME": "no-such-scheme"})
+    assert rc == 1, output[-3000:]
+    regressed = {r["test"]: r for r in doc["regressions"]}
+    assert {"test_all_reduce_sum", "test_broadcast"} <= set(regressed)
+    assert "ConfigError" in regressed["test_all_reduce_sum"]["message"], regressed
+    assert doc["counts"]["gloo"]["fail"] == 0
+    assert "REGRESSION test_all_reduce_sum" in output
+
+
+# ---------------------------------------------------------------------------- no processes
+def _rec(test: str, backend: str, outcome: str, message: str = "") -> dict[str, Any]:
+    return {"test": test, "backend": backend, "outcome": outcome, "message": message, "seconds": 1.0, "log": "x"}
+
+
+def test_compare_classifies_outcomes() -> None:
+    monitored = next(iter(EXCEPTIONS))
+    results = [
+        _rec("test_a", "gloo", "pass"), _rec("test_a", "homagg", "fail", "RuntimeError: boom"),
+        _rec("test_b", "gloo", "pass"), _rec("test_b", "homagg", "timeout", "no result"),
+        _rec(monitored, "gloo", "pass"),
+        _rec(monitored, "homagg", "fail", "ValueError: monitored_barrier is only implemented for GLOO backend."),
+        _rec("test_c", "gloo", "fail", "x"), _rec("test_c", "homagg", "pass"),
+        _rec("test_d", "gloo", "skip"), _rec("test_d", "homagg", "skip"),
+        _rec("test_e", "gloo", "pass"), _rec("test_e", "homagg", "pass"),
+    ]
+    s = compare(results)
+    assert [r["test"] for r in s["regressions"]] == ["test_a", "test_b"]
+    assert [r["test"] for r in s["exceptions"]] == [monitored]
+    assert [r["test"] for r in s["homagg_only_passes"]] == ["test_c"]
+    assert s["counts"]["gloo"] == {"pass": 4, "fail": 1, "skip": 1, "timeout": 0}
+    assert s["counts"]["homagg"] == {"pass": 2, "fail": 2, "skip": 1, "timeout": 1}
+
+
+def test_documented_exception_only_for_its_documented_failure() -> None:
+    monitored = next(iter(EXCEPTIONS))
+    assert exception_reason(monitored, "ValueError: monitored_barrier is only implemented for GLOO backend.")
+    assert exception_reason(monitored, "RuntimeError: Timed out waiting 60000ms for send") is None
+    assert exception_reason("test_all_reduce_sum", "only implemented for GLOO backend") is None
+    assert set(NAME_TESTS) == {"test_get_backend"}
+
+
+def test_gloo_backend_arguments_are_renamed_homagg() -> None:
+    import torch.distributed as dist
+
+    assert _as_homagg("gloo") == "homagg"
+    assert _as_homagg(dist.Backend.GLOO) == "homagg"
+    assert _as_homagg("cpu:gloo,cuda:nccl") == "cpu:homagg,cuda:nccl"
+    assert _as_homagg("nccl") == "nccl"
+    assert _as_homagg(None) is None
+
+
+def test_quick_selection() -> None:
+    names = ["test_all_reduce_sum", "test_all_reduce_sum_cuda", "test_all_reduce_coalesced_group_max",
+             "test_barrier", "test_barrier_cuda", "test_barrier_timeout_group", "test_broadcast_group",
+             "test_get_future", "test_accumulate_gradients_no_sync", "test_DistributedDataParallelCPU",
+             "test_DistributedDataParallel_SyncBatchNorm", "test_reduce_sum"]
+    assert select(names, quick=True, patterns=[]) == [
+        "test_all_reduce_sum", "test_all_reduce_coalesced_group_max", "test_barrier", "test_broadcast_group",
+        "test_get_future", "test_accumulate_gradients_no_sync", "test_DistributedDataParallelCPU"]
+    assert select(names, quick=False, patterns=["barrier"]) == ["test_barrier", "test_barrier_cuda", "test_barrier_timeout_group"]
+    assert select(names, quick=True, patterns=["test_all_reduce_*_max"]) == ["test_all_reduce_coalesced_group_max"]
+    assert len(QUICK) == 6
+
+
+def test_summarize_takes_the_failing_workers_exception() -> None:
+    text = ("Traceback (most recent call last):\n  ...\nRuntimeError: Process 1 exited with error code 10 and exception:\n"
+            "Traceback (most recent call last):\n  File \"x\", line 1\nValueError: the real reason\n\n"
+            "Process 2 exited with error code 10 and exception:\nKeyError: other\n")
+    assert summarize(text) == "ValueError: the real reason"

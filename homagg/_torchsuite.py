@@ -222,6 +222,7 @@ def _print_gates(info: dict[str, Any]) -> None:
 
 
 def _report(summary: dict[str, Any], console: Any) -> None:
+    from rich.markup import escape as esc
     from rich.table import Table
 
     table = Table(title="torch distributed suite")
@@ -233,13 +234,13 @@ def _report(summary: dict[str, Any], console: Any) -> None:
         table.add_row(b, *(str(c[k]) for k in ("pass", "fail", "skip", "timeout")))
     console.print(table)
     for e in summary["exceptions"]:
-        console.print(f"[yellow]documented exception[/] {e['test']}: {e['message']}\n    reason: {e['reason']}")
+        console.print(f"[yellow]documented exception[/] {e['test']}: {esc(e['message'])}\n    reason: {esc(e['reason'])}")
     for e in summary["homagg_only_passes"]:
-        console.print(f"[green]passes for homagg only[/] {e['test']} (gloo: {e['message']})")
+        console.print(f"[green]passes for homagg only[/] {e['test']} (gloo: {esc(e['message'])})")
     for e in summary["both_fail"]:
-        console.print(f"[dim]fails for both[/] {e['test']}: gloo: {e['gloo']} | homagg: {e['homagg']}")
+        console.print(f"[dim]fails for both[/] {e['test']}: gloo: {esc(e['gloo'])} | homagg: {esc(e['homagg'])}")
     for e in summary["regressions"]:
-        console.print(f"[red]REGRESSION[/] {e['test']}: {e['message']}\n    log: {e['log']}")
+        console.print(f"[red]REGRESSION[/] {e['test']}: {esc(e['message'])}\n    log: {esc(str(e['log']))}")
     n = len(summary["regressions"])
     console.print(f"[{'red' if n else 'green'}]{n} regression(s)[/] (gloo passes, homagg fails), "
                   f"{len(summary['exceptions'])} documented exception(s)")
@@ -271,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
     summary = compare(results)
     _report(summary, console)
     console.print(f"{len(tests)} tests x {len(BACKENDS)} backends, world {args.world}, "
-                  f"{args.start_method}, {time.monotonic() - t0:.0f}s; worker logs in {log_dir}")
+                  f"{args.start_method}, {time.monotonic() - t0:.0f}s; worker logs in {log_dir}", markup=False)
     if args.json_out:
         import torch
 
@@ -284,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_with_progress(pairs: list[tuple[str, str]], args: argparse.Namespace, log_dir: str,
                        console: Any) -> list[dict[str, Any]]:
+    from rich.markup import escape as esc
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     show_bar = not args.no_progress and console.is_terminal
@@ -294,12 +296,12 @@ def _run_with_progress(pairs: list[tuple[str, str]], args: argparse.Namespace, l
 
         def on_event(ev: dict[str, Any]) -> None:
             if ev["event"] == "start":
-                progress.update(task, description=f"{ev['test']} [{ev['backend']}]")
+                progress.update(task, description=esc(f"{ev['test']} [{ev['backend']}]"))
             elif ev["event"] == "result":
                 progress.advance(task)
                 seen[f"{ev['test']}/{ev['backend']}"] = ev["outcome"]
                 if ev["backend"] == "homagg" and ev["outcome"] != "pass" and seen.get(f"{ev['test']}/gloo") == "pass":
-                    progress.console.print(f"[red]homagg {ev['outcome']}[/] {ev['test']}: {ev.get('message', '')}")
+                    progress.console.print(f"[red]homagg {ev['outcome']}[/] {ev['test']}: {esc(ev.get('message', ''))}")
                 if not show_bar:
                     secs = ev.get("seconds")
                     progress.console.print(f"{ev['outcome']:>7} {ev['backend']:>6} {ev['test']}"

@@ -86,6 +86,7 @@ def prepare_environment(world: int, temp_dir: str, timeout_s: float, backend: st
     os.environ["WORLD_SIZE"] = str(world)
     os.environ["TEMP_DIR"] = temp_dir
     os.environ.setdefault("INIT_METHOD", "env://")
+    os.environ["PYTORCH_PRINT_REPRO_ON_FAILURE"] = "0"  # its repro line names the wrong file
     # the suite's own per-test join timeout (read at import by common_distributed)
     os.environ["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = str(int(timeout_s))
 

@@ -16,7 +16,8 @@ iterations of the slowest rank's time), ``compute_s`` (the same for the forward/
 under ``ddp.no_sync()``: no communication), ``comm_s`` (``iteration_s - compute_s``: the
 communication time *not hidden* behind backward), ``bytes_per_worker`` (per iteration; homagg:
 the group's ``stats.bytes_sent``; gloo methods: ``2(W-1)/W`` x the payload of every all_reduce,
-i.e. after compression for PowerSGD/fp16), ``speedup_vs_gloo``, ``lossless``, ``exact``
+i.e. after compression for PowerSGD/fp16), ``speedup_vs_gloo``, ``bytes_ratio_vs_gloo`` (gloo's bytes / this method's: the speedup the
+bytes alone would allow), ``lossless``, ``exact``
 (lossless methods: ranks' parameters and bucket results identical bit for bit, and, for homagg,
 every bucket result within the codec's bound of the float64 sum), ``density`` (numel-weighted mean
 local gradient density over the DDP buckets) and ``bucket_density``, ``max_rel_err``,
@@ -49,7 +50,7 @@ __all__ = ["configure_parser", "run", "RECORD_FIELDS"]
 RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "model": (str,), "method": (str,), "world": (int,), "bw_mbit": (float, type(None)), "iteration_s": (float,),
     "compute_s": (float,), "comm_s": (float,), "bytes_per_worker": (float,), "speedup_vs_gloo": (float, type(None)),
-    "lossless": (bool,), "exact": (bool,), "density": (float,), "bucket_density": (list,), "bucket_numel": (list,),
+    "bytes_ratio_vs_gloo": (float, type(None)), "lossless": (bool,), "exact": (bool,), "density": (float,), "bucket_density": (list,), "bucket_numel": (list,),
     "max_rel_err": (float,), "params": (int,), "iterations": (int,), "load_avg": (list,), "machine": (dict,),
 }
 
@@ -106,7 +107,7 @@ def _merge(lines: list[dict[str, Any]], world: int, bw: float | None, iterations
             "world": world, "bw_mbit": bw, "iteration_s": float(iteration_s), "compute_s": float(compute_s),
             "comm_s": float(max(0.0, iteration_s - compute_s)),
             "bytes_per_worker": float(max(ln["bytes_per_iteration"] for ln in lines)), "speedup_vs_gloo": None,
-            "lossless": lossless, "exact": bool(exact), "ranks_identical": same,
+            "bytes_ratio_vs_gloo": None, "lossless": lossless, "exact": bool(exact), "ranks_identical": same,
             "within_bound": bool(first["within_bound"]),
             "density": float(sum(n * d for n, d in zip(numel, dens)) / max(1, sum(numel))),
             "bucket_density": dens, "bucket_numel": numel, "max_rel_err": float(first["max_rel_err"]),
@@ -161,10 +162,14 @@ def _measure(args: argparse.Namespace, models: list[str], methods: list[str], ma
             net.close()
         if not had_secret:
             os.environ.pop(SECRET_ENV, None)
-    gloo = {r["model"]: r["iteration_s"] for r in records if r["method"] == "gloo"}
+    gloo = {r["model"]: r for r in records if r["method"] == "gloo"}
     for r in records:
-        if r["model"] in gloo and r["iteration_s"] > 0:
-            r["speedup_vs_gloo"] = gloo[r["model"]] / r["iteration_s"]
+        base = gloo.get(r["model"])
+        if base is not None and r["iteration_s"] > 0:
+            r["speedup_vs_gloo"] = base["iteration_s"] / r["iteration_s"]
+        # what the bytes alone would allow: the ring's bytes per worker over this method's
+        r["bytes_ratio_vs_gloo"] = (base["bytes_per_worker"] / r["bytes_per_worker"]
+                                    if base is not None and r["bytes_per_worker"] > 0 else None)
     return records
 
 

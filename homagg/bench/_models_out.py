@@ -19,14 +19,15 @@ def markdown_table(records: Sequence[dict[str, Any]]) -> str:
     """One row per (model, method), models in run order, methods gloo first."""
     order = {m: i for i, m in enumerate(dict.fromkeys(r["model"] for r in records))}
     rows = sorted(records, key=lambda r: (order[r["model"]], _key(r)[1]))
-    out = ["| model | params | density | method | iteration ms | compute ms | comm ms | MB/worker/iter | x gloo "
-           "| lossless | exact | max rel err |",
-           "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---|---:|"]
+    out = ["| model | params | density | method | iteration ms | compute ms | comm ms | MB/worker/iter "
+           "| bytes x gloo | x gloo | lossless | exact | max rel err |",
+           "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|---:|"]
     for r in rows:
+        ratio = "-" if r.get("bytes_ratio_vs_gloo") is None else f"{r['bytes_ratio_vs_gloo']:.1f}"
         speed = "-" if r["speedup_vs_gloo"] is None else f"{r['speedup_vs_gloo']:.2f}"
         out.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['density']:.3g} | {r['method']} | "
                    f"{r['iteration_s'] * 1e3:.0f} | {r['compute_s'] * 1e3:.0f} | {r['comm_s'] * 1e3:.0f} | "
-                   f"{r['bytes_per_worker'] / 1e6:.3g} | {speed} | {'yes' if r['lossless'] else 'lossy'} | "
+                   f"{r['bytes_per_worker'] / 1e6:.3g} | {ratio} | {speed} | {'yes' if r['lossless'] else 'lossy'} | "
                    f"{'yes' if r['exact'] else ('-' if not r['lossless'] else 'NO')} | {r['max_rel_err']:.1e} |")
     return "\n".join(out)
 
@@ -50,10 +51,12 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> None:
         for i, r in enumerate(here):
             if r["speedup_vs_gloo"]:
                 ax.text(i, r["iteration_s"], f"{r['speedup_vs_gloo']:.2f}x", ha="center", va="bottom", fontsize=7)
+        ax.set_ylim(0, 1.18 * max((r["iteration_s"] for r in here), default=1.0))
         ax.set_title(model)
         ax.tick_params(axis="x", labelrotation=45, labelsize=8)
         ax.set_ylabel("seconds per iteration")
-    axes[0][0].legend(fontsize="small")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper right", fontsize="small")
     bw = records[0]["bw_mbit"] if records else None
     fig.suptitle(f"DDP iteration, world {records[0]['world'] if records else '?'}, "
                  + (f"{bw:g} Mbit/s links" if bw else "loopback"), fontsize=10)

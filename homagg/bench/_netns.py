@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._errors import ConfigError, HomAggError
+from ..transport._auth import SECRET_ENV, SECRET_FILE_ENV, new_secret
 from ._ranks import launch_ranks
 
 __all__ = ["StarNet", "SWITCH_IP", "require_root"]
@@ -70,6 +71,7 @@ class StarNet:
         self.switch_ns = f"{tag}sw"
         self.worker_ns = [f"{tag}w{r}" for r in range(world)]
         self.emulator: subprocess.Popen[str] | None = None
+        self.secret = new_secret()  #: the emulator's control secret (environment only, never argv)
         self._made: list[str] = []
 
     # ------------------------------------------------------------------ set-up / tear-down
@@ -118,7 +120,9 @@ class StarNet:
         cmd = ["ip", "netns", "exec", self.switch_ns, sys.executable, "-m", "switch_emulator",
                "--listen", f"{SWITCH_IP}:{SWITCH_PORT}", "--control", f"{SWITCH_IP}:{SWITCH_PORT + 1}",
                "--ready-json", "--quiet", "--watch-stdin", "--no-multicast"]
-        self.emulator = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        env = {**os.environ, SECRET_ENV: self.secret}
+        env.pop(SECRET_FILE_ENV, None)
+        self.emulator = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(self.emulator.stdout.readline()  # type: ignore[union-attr]
                                                              ), daemon=True)
@@ -145,8 +149,9 @@ class StarNet:
 
     # ------------------------------------------------------------------ ranks
     def rank_env(self, rank: int) -> dict[str, str]:
-        """What a rank in namespace ``rank`` needs: gloo's interface, the rendezvous, the switch."""
-        return {"GLOO_SOCKET_IFNAME": f"hw{rank}", "HOMAGG_SWITCH": f"{SWITCH_IP}:{SWITCH_PORT}",
+        """What a rank in namespace ``rank`` needs: gloo's interface, the rendezvous, the switch and
+        its control secret."""
+        return {"GLOO_SOCKET_IFNAME": f"hw{rank}", "HOMAGG_SWITCH": f"{SWITCH_IP}:{SWITCH_PORT}", SECRET_ENV: self.secret,
                 "HOMAGG_WORDS_PER_PACKET": str(WORDS_PER_PACKET), "HOMAGG_SLOTS": "64"}
 
     def launch(self, cmd: Sequence[str], world: int, *, label: str, stall_timeout: float,

@@ -210,15 +210,23 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _print_gates(info: dict[str, Any]) -> None:
-    print(f"The suite is imported with BACKEND=gloo; {len(info['static'])} tests its decorators would skip "
-          "under the name 'homagg':")
+    runs_for_gloo = [t for t in info["tests"] if t not in info["skipped_for_gloo"]]
+    print(f"{len(info['tests'])} tests; {len(runs_for_gloo)} not skipped by a decorator for BACKEND=gloo.")
+    print(f"Both runs import the suite with BACKEND=gloo. Under the name 'homagg' its decorators would skip "
+          f"{len(info['static'])} more:")
+    by_reason: dict[str, list[str]] = {}
     for name, why in sorted(info["static"].items()):
-        print(f"  {name}: {why}")
-    print(f"Tests whose body reads BACKEND (they see 'gloo'): {', '.join(info['body'])}")
+        by_reason.setdefault(why, []).append(name)
+    for why, names in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        print(f"  {len(names):3d} x {why!r}: {', '.join(names)}")
+    body = [t for t in info["body"] if t in runs_for_gloo]
+    print(f"{len(body)} of them read BACKEND in their body (and see 'gloo'): {', '.join(body)}")
     for name, why in info["names"].items():
-        print(f"Sees the real name 'homagg': {name}: {why}")
-    for name, why in info["exceptions"].items():
-        print(f"Documented exception: {name}: {why}")
+        print(f"Body sees the real name 'homagg': {name} ({why})")
+    reasons = sorted(set(info["exceptions"].values()))
+    for why in reasons:
+        names = [n for n, r in info["exceptions"].items() if r == why]
+        print(f"Documented exceptions ({why}): {', '.join(names)}")
 
 
 def _report(summary: dict[str, Any], console: Any) -> None:

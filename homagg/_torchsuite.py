@@ -257,7 +257,7 @@ def _report(summary: dict[str, Any], console: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    console = Console(stderr=False)
+    console = Console(soft_wrap=True)
     if args.world < 2:
         raise ConfigError(f"--world must be at least 2, got {args.world}")
     if args.timeout <= 0:

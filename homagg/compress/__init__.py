@@ -23,7 +23,8 @@ Two families:
   to small integers, pack several per word, let the switch ADD them and decode once.  The shared
   scale keeps TernGrad/QSGD unbiased at a higher variance; see :mod:`homagg.compress._quantize`.
 
-:mod:`homagg.compress.baselines` holds the classic (own-scale) versions as gloo comm hooks.
+:mod:`homagg.compress.baselines` holds the classic (own-scale) versions as gloo comm hooks
+(imported on demand: ``from homagg.compress.baselines import OwnScaleState, own_scale_hook``).
 """
 
 from __future__ import annotations

@@ -164,7 +164,8 @@ def _as_homagg(backend: Any) -> Any:
 
 
 def _route_to_homagg(test_name: str) -> None:
-    """In a homagg worker process: groups the suite asks of gloo are created as homagg."""
+    """In a homagg worker process: groups the suite asks of gloo (or of no backend, for the default
+    group) are created as homagg, and a default group that is not homagg is an error."""
     import torch.distributed as dist
 
     from .torch import _backend
@@ -174,12 +175,19 @@ def _route_to_homagg(test_name: str) -> None:
         original = getattr(dist, attr)
         if getattr(original, "_homagg_routed", False):
             continue
+        signature = inspect.signature(original)
 
         @functools.wraps(original)
-        def routed(*args: Any, _orig: Any = original, **kwargs: Any) -> Any:
-            if "backend" in kwargs:
-                kwargs["backend"] = _as_homagg(kwargs["backend"])
-            return _orig(*args, **kwargs)
+        def routed(*args: Any, _orig: Any = original, _sig: Any = signature, _attr: str = attr, **kwargs: Any) -> Any:
+            bound = _sig.bind_partial(*args, **kwargs)
+            backend = bound.arguments.get("backend")
+            if backend is None and _attr == "init_process_group":
+                backend = "homagg"  # torch's default for CPU would be gloo
+            bound.arguments["backend"] = _as_homagg(backend)
+            result = _orig(*bound.args, **bound.kwargs)
+            if _attr == "init_process_group" and dist.get_backend() != "homagg":
+                raise RuntimeError(f"homagg torchsuite: default group is {dist.get_backend()!r}, not homagg")
+            return result
 
         routed._homagg_routed = True  # type: ignore[attr-defined]
         setattr(dist, attr, routed)

@@ -19,7 +19,7 @@ from ._ranks import RECORD_MARK, die_with_launcher
 
 __all__ = ["rank_main", "make_task"]
 
-DIM, HIDDEN, CLASSES = 32, 128, 10
+DIM, HIDDEN, CLASSES = 32, 512, 10
 
 
 def make_task(seed: int, pool: int, held_out: int) -> tuple[Any, Any, Any, Any]:

@@ -17,10 +17,18 @@ Compression (:mod:`homagg.compress`, off by default): ``State(compress="topk:0.0
 ``state.compressor``; ``state.compressor.state_dict()`` checkpoints it for a bit-exact resume.
 The bucket's compressed SUM is computed on the homagg group's worker thread (in call order on every
 rank) and divided by the world size.
+
+DDP lays a bucket out in parameter order for its first iteration, then rebuilds it in gradient-ready
+order.  Per-element state must not depend on that layout, so the hook compresses the bucket's
+gradients in a *canonical* order (parameters numbered on first sight, which is the same in a
+resumed process) under a key naming the bucket's parameters.  Checkpoints therefore resume bit for
+bit whenever the rebuild keeps each bucket's membership (always with one bucket; with several,
+DDP may regroup parameters, and a compressor's choices depend on the group, e.g. top-k).
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations at run time
 # (``bucket`` must be annotated with the class ``dist.GradBucket``, not a string).
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
@@ -55,6 +63,7 @@ class State:
     group: dist.ProcessGroup = field(init=False, repr=False)
     config: BackendConfig = field(init=False)
     compressor: Any = field(init=False, default=None)
+    _ordinals: dict = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not dist.is_initialized():
@@ -86,21 +95,38 @@ def allreduce_hook(state: State, bucket: dist.GradBucket) -> torch.futures.Futur
     """Average ``bucket``'s flat gradient over ``state.group`` through homagg (in place)."""
     buffer = bucket.buffer()
     if state.compressor is not None:
-        return _compressed(state, buffer, bucket.index())
+        return _compressed(state, bucket)
     opts = dist.AllreduceOptions()
     opts.reduceOp = dist.ReduceOp.AVG
     work = state.group.allreduce([buffer], opts)
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def _compressed(state: State, buffer: torch.Tensor, index: int) -> torch.futures.Future[torch.Tensor]:
+def _canonical(state: State, bucket: dist.GradBucket) -> tuple[Any, list[torch.Tensor]]:
+    """(key, the bucket's gradient views in canonical order): parameters numbered on first sight."""
+    ords = [state._ordinals.setdefault(id(p), len(state._ordinals)) for p in bucket.parameters()]
+    order = sorted(range(len(ords)), key=ords.__getitem__)
+    grads = bucket.gradients()
+    key = ("params", hashlib.blake2b(repr(sorted(ords)).encode(), digest_size=8).hexdigest())
+    return key, [grads[i] for i in order]
+
+
+def _compressed(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The bucket's compressed SUM / W, run on the homagg group's FIFO worker (same order on every rank)."""
     group = state.group
     size = group.size()
+    buffer = bucket.buffer()
+    key, views = _canonical(state, bucket)
 
     def task() -> list[torch.Tensor]:
-        state.compressor.allreduce(buffer, group.switch.port, key=("bucket", index), scheme=group.config.scheme,
+        flat = torch.cat([v.reshape(-1) for v in views]) if len(views) > 1 else buffer
+        state.compressor.allreduce(flat, group.switch.port, key=key, scheme=group.config.scheme,
                                    stats=group.stats, history=group.history, config=group._codec)
+        if flat is not buffer:
+            at = 0
+            for v in views:
+                v.copy_(flat[at:at + v.numel()].view_as(v))
+                at += v.numel()
         buffer.div_(size)
         return [buffer]
 

@@ -59,10 +59,11 @@ def _build(topo: str, workers: int, switch: str, link: LinkOpts, racks: int, emu
 
 
 def _job(dep: Deployment, n_slots: int, words: int) -> Any:
-    from homagg.jobs import JobSpec, WorkerAddr
+    from homagg.jobs import JobSpec, WorkerAddr, new_token
 
     return JobSpec(job_id=1, world_size=len(dep.workers), slot_base=0, n_slots=n_slots, words_per_packet=words,
-                   workers=tuple(WorkerAddr(r, s.ip, WORKER_PORT) for r, s in enumerate(dep.workers))).validate()
+                   workers=tuple(WorkerAddr(r, s.ip, WORKER_PORT) for r, s in enumerate(dep.workers)),
+                   token=new_token()).validate()
 
 
 def _start_emulator(dep: Deployment, out: Path, job_file: Path) -> None:
@@ -71,6 +72,7 @@ def _start_emulator(dep: Deployment, out: Path, job_file: Path) -> None:
     raw = [a for i in dep.raw_ifaces for a in ("--iface", i)]
     dep.python(sw, ["-m", "switch_emulator", "--listen", f"0.0.0.0:{dep.data_port}",
                     "--control", f"127.0.0.1:{dep.control_port}", "--jobs", str(job_file), "--ready-json",
+                    "--secret-file", str(out / "switch.secret"),
                     *(["--backend", "raw", *raw] if raw else [])], log)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -82,15 +84,15 @@ def _start_emulator(dep: Deployment, out: Path, job_file: Path) -> None:
     raise RuntimeError(f"the emulator did not start; see {log}:\n{log.read_text(errors='replace')[-2000:]}")
 
 
-def _emulator_status(dep: Deployment) -> dict[str, Any]:
+def _emulator_status(dep: Deployment, out: Path) -> dict[str, Any]:
     sw = dep.switch_nodes[-1]
     code = ("import json,sys;from homagg.transport import ControlClient;"
             f"print(json.dumps(ControlClient(('127.0.0.1',{dep.control_port})).status()))")
-    out = sw.cmd(f"{sys.executable} -c \"{code}\"")
+    text = sw.cmd(f"HOMAGG_SWITCH_SECRET_FILE={out / 'switch.secret'} {sys.executable} -c \"{code}\"")
     try:
-        return json.loads(out.strip().splitlines()[-1])
+        return json.loads(text.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return {"error": out[-2000:]}
+        return {"error": text[-2000:]}
 
 
 def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 4, link: LinkOpts | None = None,
@@ -119,6 +121,7 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
         if switch == "bmv2":
             extra = dep.bmv2_config  # type: ignore[attr-defined]
         job_file.write_text(json.dumps({"jobs": [job.to_dict()], **extra}, indent=2))
+        job_file.chmod(0o600)  # it holds the job's token
         if pcap:
             (out / "pcaps").mkdir(exist_ok=True)
             for node, intf in dep.capture_intfs:
@@ -147,7 +150,7 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
             ranks.append(json.loads(f.read_text()) if f.exists() else {"rank": r, "ok": False, "error": "no report"})
         summary["ranks"] = ranks
         summary["ok"] = all(r.get("ok") for r in ranks) and all(p.returncode == 0 for p in procs)
-        summary["switch_status"] = _emulator_status(dep) if switch == "emulator" else dep.bmv2_status()  # type: ignore[attr-defined]
+        summary["switch_status"] = _emulator_status(dep, out) if switch == "emulator" else dep.bmv2_status()  # type: ignore[attr-defined]
     except Exception as exc:  # noqa: BLE001 - recorded, then re-raised after teardown
         summary["error"] = f"{type(exc).__name__}: {exc}"
         raise

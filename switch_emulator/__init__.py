@@ -13,6 +13,11 @@ Embedding (see :mod:`.embedded`)::
         print(sw.data_addr, sw.control_addr)
     with switch_emulator.spawn(drop=0.01) as sw:  # child process
         ...
+
+Both generate a control secret (``sw.secret``; this process's control clients find it by
+themselves, other processes need it passed or in ``HOMAGG_SWITCH_SECRET``), keep the control port
+on loopback unless told otherwise, and allow fault injection over the control port only when asked
+(``allow_faults=True``, or fault rates given at start).
 """
 
 from .embedded import RunningSwitch, spawn, start

@@ -248,3 +248,22 @@ def test_deterministic_quantisers_biased_and_error_feedback_recovers() -> None:
         resid = comps[0].feedback.residual(0) + comps[1].feedback.residual(0)
         assert torch.allclose(total + resid, seen, atol=1e-9)
         assert float(resid.abs().mean()) < 0.05 * float(seen.abs().mean()), spec
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["topk:0.02", "onebit", "twobit", "dgc:0.05"])
+def test_cuda_tensors_match_cpu_and_state_stays_on_device(spec: str) -> None:
+    """Deterministic stages give the same bits on CUDA as on CPU; state lives on the gradient's device."""
+    world, n = 2, 6000
+    xs = _grads(world, n, seed=77)
+    out = {}
+    for dev in ("cpu", "cuda"):
+        comps = [Compressor(spec) for _ in range(world)]
+        sw = InProcessSwitch(world)
+        for _ in range(3):
+            res = on_threads(lambda r: comps[r].allreduce(xs[r].to(dev), sw.port(r), key="c"), world)
+        out[dev] = res[0].cpu()
+        assert res[0].device.type == dev
+        if comps[0].feedback is not None:
+            assert comps[0].feedback.residual("c").device.type == dev
+    assert torch.equal(out["cpu"], out["cuda"])

@@ -51,6 +51,7 @@ def test_tolerance_check() -> None:
     assert "| topk-ef |" in table and "1.26x" in table
 
 
+@pytest.mark.slow
 def test_quick_convergence_error_feedback_reaches_gloo(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     cmd = [sys.executable, "-m", "homagg", "bench", "compress", "--quick", "--no-progress", "--check",

@@ -48,6 +48,7 @@ class Switch:
         self.group_for: Callable[[int], tuple[str, int]] | None = None
         self.backend = "none"
         self.started = time.time()
+        self._admit_lock = threading.Lock()  # picking a free job id / slot range and admitting: atomic
         self._ctx = threading.local()  # the peer of the request this (control server) thread serves
         #: may the control port change fault injection? (default: only if started with faults)
         self.allow_faults = bool(faults and faults.active) if allow_faults is None else allow_faults
@@ -102,18 +103,19 @@ class Switch:
 
     def _cmd_admit(self, req: dict[str, Any]) -> dict[str, Any]:
         d = dict(req["job"])
-        if d.get("job_id") is None:
-            d["job_id"] = self.admission.free_job_id()
-        d.setdefault("n_slots", 64)
-        auto_base = d.get("slot_base") is None
-        if auto_base:
-            d["slot_base"] = 0
-        if d.get("token") is None:
-            d["token"] = new_token()
-        spec = JobSpec.from_dict(d)
-        if auto_base:
-            spec = replace(spec, slot_base=self.admission.free_range(spec.n_slots))
-        job = self.admit(spec, self._peer)
+        with self._admit_lock:
+            if d.get("job_id") is None:
+                d["job_id"] = self.admission.free_job_id()
+            d.setdefault("n_slots", 64)
+            auto_base = d.get("slot_base") is None
+            if auto_base:
+                d["slot_base"] = 0
+            if d.get("token") is None:
+                d["token"] = new_token()
+            spec = JobSpec.from_dict(d)
+            if auto_base:
+                spec = replace(spec, slot_base=self.admission.free_range(spec.n_slots))
+            job = self.admit(spec, self._peer)
         return {"job": job.spec.to_dict()}
 
     def _cmd_register(self, req: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ Three parts, each against a Python emulator in its own process (:func:`switch_em
   ``growth_mib`` is the median of the last three samples minus the median of the samples taken
   after warm-up (the first fifth of the run), checked against ``--rss-bound-mib``.  The workers
   agree to stop through one extra 1-word all_reduce per iteration (everyone stops together).
-* ``fuzz``: ``--fuzz`` datagrams (scapy ``fuzz()`` of the homagg layer, truncated headers, wrong
+* ``fuzz``: ``--fuzz`` datagrams at ``--fuzz-rate`` per second (scapy ``fuzz()`` of the homagg layer, truncated headers, wrong
   versions, bad word counts, unknown jobs, forged tokens from admitted-looking headers, random
   noise) blasted at the data port while two legitimate jobs (2 workers each) run again and again:
   every run exact, the switch alive.  A coverage-guided fuzzer (atheris) of the parser and
@@ -55,6 +55,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--soak-loss", type=float, default=0.01, help="soak drop = duplicate = reorder rate")
     p.add_argument("--rss-bound-mib", type=float, default=64.0, help="allowed RSS growth per process")
     p.add_argument("--fuzz", type=int, default=100_000, help="fuzzed datagrams")
+    p.add_argument("--fuzz-rate", type=float, default=2000.0,
+                   help="fuzzed datagrams per second (a flood beyond what the switch absorbs is a denial of "
+                        "service by queueing, which no admission check prevents)")
     p.add_argument("--loss-rates", default="0.001,0.01,0.05,0.2")
     p.add_argument("--loss-iters", type=int, default=20)
     p.add_argument("--loss-numel", type=int, default=100_000)
@@ -244,28 +247,36 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
         jobs = [_job(sw, 2, 256, slots=8) for _ in range(2)]
         pool = _fuzz_pool(rng, jobs, min(args.fuzz, 20_000))
         sent = [0]
+        blast_s = [0.0]
         done = threading.Event()
 
         def blast() -> None:
             socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(8)]
+            start = time.monotonic()
             try:
                 while sent[0] < args.fuzz:
                     socks[sent[0] % 8].sendto(pool[sent[0] % len(pool)], sw.data_addr)
                     sent[0] += 1
-                    if sent[0] % 64 == 0:
-                        time.sleep(0.001)
+                    if sent[0] % 32 == 0:  # paced: sent[0] datagrams are due at start + sent[0] / rate
+                        ahead = start + sent[0] / args.fuzz_rate - time.monotonic()
+                        if ahead > 0:
+                            time.sleep(ahead)
             finally:
                 for s in socks:
                     s.close()
+                blast_s[0] = time.monotonic() - start
                 done.set()
 
         runs = [0, 0]
         problems: list[str] = []
 
         def legit(k: int) -> None:
-            cfg = {**_base_cfg(sw, jobs[k], args, 2), "iters": 4}
-            cfg["seed"] = args.seed + 100 * k
+            # each run is a fresh job (new ports start their chunk sequence at 0: a job's slots
+            # must not be reused by a second set of ports), admitted while the fuzzing goes on
+            seed = args.seed + 100 * k
+            job = jobs[k]
             while True:
+                cfg = {**_base_cfg(sw, job, args, 2), "iters": 4, "seed": seed}
                 try:
                     res = _check(Workers(_worker, 2, cfg).join(60 + 8 * args.timeout), f"fuzz job {k}")
                 except ProtocolError as exc:
@@ -273,9 +284,12 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
                     return
                 problems.extend(x for r in res for x in r["inexact"])
                 runs[k] += 1
-                cfg["seed"] += 1
-                if done.is_set():
-                    return
+                seed += 1
+                with ControlClient(sw.control_addr, secret=sw.secret) as ctl:
+                    ctl.remove(job.job_id)
+                    if done.is_set():
+                        return
+                    job = ctl.admit(2, n_slots=8, words_per_packet=256)
 
         t0 = time.monotonic()
         threads = [threading.Thread(target=blast)] + [threading.Thread(target=legit, args=(k,)) for k in (0, 1)]
@@ -288,7 +302,8 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
             counters = ctl.status()["counters"]
         alive = sw.process.poll() is None
     return {
-        "datagrams": sent[0], "distinct": len(pool), "seconds": round(elapsed, 1),
+        "datagrams": sent[0], "distinct": len(pool), "seconds": round(elapsed, 1), "rate_target": args.fuzz_rate,
+        "rate": round(sent[0] / max(blast_s[0], 1e-9), 1),
         "legit_runs": runs, "exact": not problems and min(runs) >= 1, "problems": problems[:5], "switch_alive": alive,
         "switch": {k: v for k, v in counters.items() if k.startswith("drop_") and v} | {
             "rx": counters["rx"], "accepted": counters["accepted"], "dropped": counters["dropped"]},

@@ -65,7 +65,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world", type=int, default=None, help="DDP ranks (default 4; quick 2)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default 400; quick 150)")
     parser.add_argument("--batch", type=int, default=32, help="samples per rank and step (default 32)")
-    parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
+    parser.add_argument("--lr", type=float, default=0.1, help="peak SGD learning rate, cosine-decayed (default 0.1)")
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (DGC: 0, it has its own)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="2 ranks, 150 steps, no own-scale baselines")

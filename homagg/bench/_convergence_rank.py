@@ -3,7 +3,8 @@
 Task (identical on every rank and run, a pure function of ``--seed``): inputs ``x ~ N(0, I_32)``,
 labels ``argmax(teacher(x))`` of a fixed random 2-layer teacher; each rank draws its own batches
 from a shared training pool; rank 0 evaluates the cross-entropy on a fixed held-out set every
-``--eval-every`` steps.  Methods: ``gloo`` (plain DDP), ``homagg`` (exact, comm hook),
+``--eval-every`` steps.  SGD with momentum (DGC: momentum 0, it keeps its own) and a cosine
+learning-rate decay to 0, so the final loss is where training converged rather than step noise.  Methods: ``gloo`` (plain DDP), ``homagg`` (exact, comm hook),
 ``hom:<spec>`` (homagg hook with compression), ``own:<spec>`` (own-scale quantiser over gloo),
 ``powersgd`` (torch's hook over gloo).  Prints progress lines ``@step N`` and one record line.
 """
@@ -11,6 +12,7 @@ from a shared training pool; rank 0 evaluates the cross-entropy on a fixed held-
 # No ``from __future__ import annotations``: DDP checks a comm hook's annotations at run time.
 import argparse
 import json
+import math
 import statistics
 import time
 from typing import Any
@@ -93,6 +95,8 @@ def rank_main(args: argparse.Namespace) -> int:
     state = _hook(args.method, ddp, world, counters)
     dgc = args.method.startswith("hom:dgc")
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.0 if dgc else args.momentum)
+    # cosine decay to 0: the final loss measures where training converged, not the last step's noise
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / args.steps)))
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     curve: list[tuple[int, float]] = []
     times: list[float] = []
@@ -110,6 +114,7 @@ def rank_main(args: argparse.Namespace) -> int:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        sched.step()
         times.append(time.perf_counter() - t0)
         if (step + 1) % max(1, args.steps // 50) == 0:
             print(f"@step {step + 1}", flush=True)

@@ -151,8 +151,7 @@ def run_suite(pairs: list[tuple[str, str]], *, world: int, timeout_s: float, sta
                     break
                 rc = proc.poll()
                 if rc is not None or time.monotonic() > deadline:
-                    events, offset = _read_events(events_path, offset)
-                    if events:  # written just before it exited: handle them first
+                    if _read_events(events_path, offset)[0]:  # written just before it exited: handle them first
                         continue
                     hung = rc is None
                     _stop(proc)

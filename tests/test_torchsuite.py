@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,54 @@ def test_summarize_takes_the_failing_workers_exception() -> None:
             "Traceback (most recent call last):\n  File \"x\", line 1\nValueError: the real reason\n\n"
             "Process 2 exited with error code 10 and exception:\nKeyError: other\n")
     assert summarize(text) == "ValueError: the real reason"
+
+
+_FAKE_DRIVER = r"""
+import json, os, subprocess, sys, time
+events_path, plan_path = sys.argv[1:]
+plan = json.load(open(plan_path))
+with open(events_path, "a") as ev:
+    def emit(**r):
+        ev.write(json.dumps(r) + "\n"); ev.flush()
+    emit(event="ready", pid=os.getpid())
+    for test, backend in plan["pairs"]:
+        emit(event="start", test=test, backend=backend)
+        if test == "test_hangs" and backend == "homagg":
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            open(os.path.join(plan["log_dir"], "grandchild.pid"), "w").write(str(child.pid))
+            time.sleep(600)
+        if test == "test_crashes" and backend == "homagg":
+            os._exit(3)
+        emit(event="result", test=test, backend=backend, outcome="pass", seconds=0.0, message="", log="")
+"""
+
+
+def test_a_hung_or_crashed_driver_is_killed_and_the_rest_still_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import homagg._torchsuite as ts
+
+    script = tmp_path / "fake_driver.py"
+    script.write_text(_FAKE_DRIVER)
+    monkeypatch.setattr(ts, "_driver_cmd", lambda *args: [sys.executable, str(script), *args])
+    monkeypatch.setattr(ts, "_GRACE_S", 2.0)
+    pairs = [(t, b) for t in ("test_a", "test_hangs", "test_crashes", "test_b") for b in ("gloo", "homagg")]
+    t0 = time.monotonic()
+    results = ts.run_suite(pairs, world=2, timeout_s=1.0, start_method="fork", log_dir=str(tmp_path / "logs"))
+    assert time.monotonic() - t0 < 60
+    outcome = {(r["test"], r["backend"]): r["outcome"] for r in results}
+    assert outcome == {**{p: "pass" for p in pairs}, ("test_hangs", "homagg"): "timeout",
+                       ("test_crashes", "homagg"): "fail"}
+    grandchild = int((tmp_path / "logs" / "grandchild.pid").read_text())
+    deadline = time.monotonic() + 10
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(grandchild), "the hung driver's own child survived"
+    summary = compare(results)
+    assert [r["test"] for r in summary["regressions"]] == ["test_hangs", "test_crashes"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

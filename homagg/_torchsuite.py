@@ -219,7 +219,7 @@ def _print_gates(info: dict[str, Any]) -> None:
     for why, names in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
         print(f"  {len(names):3d} x {why!r}: {', '.join(names)}")
     body = [t for t in info["body"] if t in runs_for_gloo]
-    print(f"{len(body)} of them read BACKEND in their body (and see 'gloo'): {', '.join(body)}")
+    print(f"{len(body)} tests that run for gloo read BACKEND in their body (and see 'gloo'): {', '.join(body)}")
     for name, why in info["names"].items():
         print(f"Body sees the real name 'homagg': {name} ({why})")
     reasons = sorted(set(info["exceptions"].values()))

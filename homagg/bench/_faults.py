@@ -313,8 +313,9 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
 
 def _atheris(args: argparse.Namespace) -> dict[str, Any]:
     """Coverage-guided fuzzing of the parser + pipeline with atheris (libFuzzer), in a child
-    process, if atheris imports: a job is admitted for the fuzzer's source, seeded with one valid
-    datagram of it; reports libFuzzer's final coverage line and the pipeline's counters."""
+    process, if atheris imports: a 2-worker job is admitted, each input comes from the source of the
+    worker its ``worker_id`` byte names (low bit), and the corpus is seeded with one valid datagram;
+    reports libFuzzer's final coverage line and the pipeline's counters."""
     import re
     import subprocess
     import sys
@@ -340,7 +341,7 @@ def _atheris(args: argparse.Namespace) -> dict[str, Any]:
         "sent = []\n"
         "pipe = Pipeline(adm, lambda d, a: sent.append(len(d)))\n"
         "def one(data):\n"
-        "    pipe.process(data, len(data), ('10.0.0.1' if len(data) % 2 else '10.0.0.2', 1))\n"
+        "    pipe.process(data, len(data), ('10.0.0.2' if len(data) > 4 and data[4] & 1 else '10.0.0.1', 1))\n"
         f"    if pipe.counters['rx'] % {runs // 10} == 0:\n"
         "        print('@counters@' + json.dumps(dict(pipe.counters)), file=sys.stderr, flush=True)\n"
         "atheris.Setup(sys.argv, one)\n"

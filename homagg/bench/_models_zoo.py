@@ -198,7 +198,7 @@ def _vgg19(quick: bool) -> ModelSpec:
     def loss(model: nn.Module, b: Batch) -> Tensor:
         return nn.functional.cross_entropy(model(b[0]), b[1])
 
-    return ModelSpec("vgg19", lambda sparse: VGG19(width), batch, loss, 4 if quick else 16, False,
+    return ModelSpec("vgg19", lambda sparse: VGG19(width), batch, loss, 4, False,
                      f"VGG19 (E, no BN) 32x32 input, 10 classes, channels / {width}")
 
 

@@ -379,7 +379,7 @@ def _creation_error(exc: BaseException, store: dist.Store, rank: int, size: int,
     except RuntimeError:
         missing = []
         where = "; the rendezvous store is unreachable (the process hosting it may have died)"
-    named = tuple(getattr(exc, "ranks", ()) or missing)
+    named = tuple(missing or getattr(exc, "ranks", ()))  # rank 0 is among them if it never got there
     who = f"; rank(s) {', '.join(map(str, named))} had not finished registering" if named else ""
     text = str(exc).split("\nException raised from", 1)[0][:400]  # torch appends C++ frames
     return GroupCreationError(

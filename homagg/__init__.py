@@ -24,6 +24,7 @@ import sys
 
 from ._config import SCHEMES, CodecConfig
 from ._errors import (
+    AuthenticationError,
     ConfigError,
     HomAggError,
     InputError,
@@ -63,6 +64,7 @@ __all__ = [
     "InProcessSwitch",
     "HomAggError",
     "ConfigError",
+    "AuthenticationError",
     "InputError",
     "NonFiniteError",
     "IntegerOverflowError",

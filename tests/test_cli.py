@@ -74,9 +74,9 @@ def test_bad_switch_address_is_a_config_error() -> None:
 
 
 def test_switch_control_defaults_to_listen_port_plus_one() -> None:
-    assert addresses("10.0.0.9:5000", None) == (("10.0.0.9", 5000), ("10.0.0.9", 5001))
+    assert addresses("10.0.0.9:5000", None) == (("10.0.0.9", 5000), ("127.0.0.1", 5001))  # control: loopback
     assert addresses("[::1]:5000", None) == (("::1", 5000), ("::1", 5001))
-    assert addresses("10.0.0.9:0", None) == (("10.0.0.9", 0), ("10.0.0.9", 0))
+    assert addresses("10.0.0.9:0", None) == (("10.0.0.9", 0), ("127.0.0.1", 0))
     assert addresses("10.0.0.9:5000", "127.0.0.1:7") == (("10.0.0.9", 5000), ("127.0.0.1", 7))
 
 

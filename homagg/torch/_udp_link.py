@@ -12,8 +12,8 @@ Security: the embedded emulator gets a fresh control secret (through its environ
 command line); rank 0 publishes it with the job in the group's store, so only the group's ranks can
 admit, register or remove jobs on it.  With an external switch each rank finds the secret itself
 (``HOMAGG_SWITCH_SECRET`` / ``HOMAGG_SWITCH_SECRET_FILE``).  The job's data-plane token comes with
-the job.  The embedded emulator allows fault injection (only holders of the group's secret can use
-it, and they can remove the job anyway); ``HOMAGG_EMULATOR_FAULTS=0`` turns that off.
+the job.  The embedded emulator refuses fault injection unless ``HOMAGG_EMULATOR_FAULTS=1`` was set
+when the group was created (tests that inject faults set it).
 
 Crash: if the embedded emulator dies, the ports' waits end with :class:`~homagg.SwitchTimeoutError`
 within the group timeout, and the next process group starts a new emulator (a dead one is never
@@ -60,7 +60,7 @@ def _acquire_emulator(host: str) -> Any:
                 # its own process (own GIL), stopped with the last group; gone if this process dies
                 emulator = switch_emulator.spawn(
                     listen=(host, 0), control=(host, 0), timeout=_START_TIMEOUT_S,
-                    allow_faults=os.environ.get("HOMAGG_EMULATOR_FAULTS", "1") != "0",
+                    allow_faults=os.environ.get("HOMAGG_EMULATOR_FAULTS", "0") == "1",
                     log_level=os.environ.get("HOMAGG_EMULATOR_LOG_LEVEL", "warning"))
                 entry = _emulators[host] = [emulator, 0]
             except (OSError, TransportError) as exc:

@@ -6,8 +6,9 @@
     comp = Compressor("topk:0.01")                 # top-1% with error feedback, per key
     comp.allreduce(grad, port, key="layer1")        # SUM over the port's workers, in place
 
-    dist.init_process_group("homagg", pg_options={"compress": "dgc:0.001"})   # or HOMAGG_COMPRESS
-    ddp.register_comm_hook(hh.State(compress="onebit"), hh.allreduce_hook)
+    ddp.register_comm_hook(hh.State(compress="onebit"), hh.allreduce_hook)    # any DDP model
+    dist.init_process_group("homagg", pg_options={"compress": "dgc:0.001"})   # or HOMAGG_COMPRESS:
+    # the group compresses the allreduces issued during backward (DDP's buckets); others stay exact
 
 Spec syntax (:mod:`homagg.compress._spec`): ``topk:0.01``, ``randk:0.01``, ``threshold:value=1e-3``,
 ``threshold:density=0.01``, ``dgc:0.001[,momentum=0.9,clip=1,warmup=200]``, ``onebit``, ``twobit``,

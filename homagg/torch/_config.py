@@ -29,8 +29,9 @@ group is created; an invalid value raises :class:`~homagg.ConfigError` naming th
 ``compress``        ``HOMAGG_COMPRESS``           gradient compression in front of the codec
                                                   (default: none, exact), a spec such as
                                                   ``topk:0.01``, ``dgc:0.001``, ``onebit``,
-                                                  ``qsgd:levels=16`` (:mod:`homagg.compress`);
-                                                  stored in canonical form
+                                                  ``qsgd:levels=16`` (:mod:`homagg.compress`),
+                                                  applied to the allreduces issued during
+                                                  backward (DDP's buckets); canonical form
 ``codec``           (none)                        dict of extra keyword options for
                                                   :func:`homagg.allreduce`
 =================  ===========================  ==============================================

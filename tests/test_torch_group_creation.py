@@ -1,0 +1,85 @@
+"""Symmetric creation of a homagg group (issue 13): one typed error when rank 0 dies, and no rank
+returns from ``new_group`` before every rank registered with the switch.
+
+Spawned ranks (``tests/_dist_scripts/group_creation.py``) with rank 0, which hosts the embedded
+emulator, dying at a chosen point (``os._exit`` in the rank script, around the real functions),
+with the rendezvous store hosted by rank 0 (``env://``) or by this test process (as torchrun's
+agent hosts it, so it outlives rank 0).  Oracle: every surviving rank raises exactly
+:class:`homagg.GroupCreationError` (never a bare TransportError or RuntimeError), within a bound,
+naming rank 0 when the store can still tell; with a slow rank, every rank's ``new_group`` returns
+only after that rank's registration finished (wall clock, same machine).
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent / "_dist_scripts"))
+from _launch import free_port, launch  # noqa: E402
+
+WORLD = 3
+HOMAGG_TIMEOUT = "3"  # one switch round (registration) may take this long
+
+
+def run(mode: str, event: str, external_store: bool = False, group_timeout_s: float = 20.0) -> list[dict[str, Any]]:
+    env = {"GC_MODE": mode, "GC_EVENT": event, "HOMAGG_TIMEOUT": HOMAGG_TIMEOUT, "GC_TIMEOUT": str(group_timeout_s)}
+    store = None
+    if external_store:
+        port = free_port()
+        store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=60))
+        env["GC_STORE_PORT"] = str(port)
+    try:
+        return launch("group_creation.py", WORLD, env=env, timeout=120)[0]
+    finally:
+        del store
+
+
+def assert_one_typed_error(results: list[dict[str, Any]], point: str, bound_s: float) -> list[dict[str, Any]]:
+    assert results[0].get("died") == point, results[0]
+    survivors = results[1:]
+    for res in survivors:
+        assert res["outcome"] == "GroupCreationError" and res["is_homagg"], res
+        assert f"failed on rank {res['rank']} of {WORLD}" in res["message"], res["message"]
+        assert res["seconds"] < bound_s, res
+    return survivors
+
+
+def test_init_rank0_dies_after_publishing_the_switch() -> None:
+    """The issue's case: before, survivors got a TransportError from a half-finished registration."""
+    assert_one_typed_error(run("init", "after_publish"), "after_publish", bound_s=18.0)
+
+
+def test_new_group_rank0_dies_after_publishing_with_store_alive() -> None:
+    """Survivors may register with the dying emulator; then the ready barrier's bounded wait names rank 0."""
+    results = run("new_group", "after_publish", external_store=True, group_timeout_s=6.0)
+    for res in assert_one_typed_error(results, "after_publish", bound_s=6.0 + 8.0):
+        assert 0 in res["ranks"] and res["rank"] not in res["ranks"], res
+        assert "rank(s) 0" in res["message"], res["message"]
+
+
+def test_new_group_rank0_dies_before_the_switch_with_store_alive() -> None:
+    """Nothing tells the survivors that rank 0 died: the bounded wait for its options names it."""
+    results = run("new_group", "before_switch", external_store=True, group_timeout_s=6.0)
+    for res in assert_one_typed_error(results, "before_switch", bound_s=6.0 + 8.0):
+        assert 0 in res["ranks"], res
+        assert "group rank 0" in res["message"], res["message"]
+
+
+def test_new_group_rank0_dies_before_the_switch_with_its_store() -> None:
+    assert_one_typed_error(run("new_group", "before_switch"), "before_switch", bound_s=18.0)
+
+
+def test_new_group_returns_only_when_every_rank_registered() -> None:
+    results = run("new_group", "slow_register")
+    for res in results:
+        assert res["outcome"] == "ok", res
+    registered = results[-1]["registered_at"]
+    for res in results:
+        assert res["returned_at"] >= registered, (res, registered)

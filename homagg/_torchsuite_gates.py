@@ -14,14 +14,20 @@ Both runs therefore import the suite with ``BACKEND=gloo``: every decorator and 
 evaluated exactly as for gloo, so the same tests run.  The homagg run differs only in its worker
 processes (:meth:`HomaggSuite._run`): before the test, ``torch.distributed.init_process_group`` and
 ``torch.distributed.new_group`` are wrapped so that a backend named gloo (``"gloo"``,
-``Backend.GLOO``, ``"cpu:gloo"``) is created as ``homagg``; ``backend=None`` inherits homagg from
-the default group.  What the suite asserts about the backend's *name* is evaluated with the real
-name (:data:`NAME_TESTS`).  :func:`static_gates` lists the decorator gates that differ between the
-names; :func:`body_gates` the tests whose body reads ``BACKEND``.
+``Backend.GLOO``, ``"cpu:gloo"``) and the default group's ``backend=None`` are created as
+``homagg`` (a default group that is not homagg then fails the test); ``new_group(backend=None)``
+inherits homagg from the default group.  What the suite asserts about the backend's *name* is
+evaluated with the real name (:data:`NAME_TESTS`).  :func:`static_gates` lists the decorator gates
+that differ between the names; :func:`body_gates` the tests whose body reads ``BACKEND``.
+
+Worker processes start with ``fork`` by default (upstream's ``test_distributed_spawn.py`` uses
+spawn, ~30x slower here: every worker re-imports torch and the suite); the driver process never
+creates a group or runs a tensor op before forking.
 
 Run as ``python -m homagg._torchsuite_gates EVENTS PLAN`` (by :mod:`homagg._torchsuite`): runs the
 ``[test, backend]`` pairs of the JSON file PLAN in order and appends one JSON line per event to
-EVENTS.  Everything else the tests print goes to this process's stdout/stderr.
+EVENTS; each test's worker output goes to ``<log_dir>/<test>.<backend>.log``.
+``--list OUT WORLD`` / ``--gates OUT WORLD`` write the suite's tests (and gates) as JSON.
 """
 
 from __future__ import annotations

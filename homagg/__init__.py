@@ -26,12 +26,14 @@ from ._config import SCHEMES, CodecConfig
 from ._errors import (
     AuthenticationError,
     ConfigError,
+    GroupCreationError,
     HomAggError,
     InputError,
     IntegerOverflowError,
     NonFiniteError,
     ProtocolError,
     RankMismatchError,
+    RankTimeoutError,
     SwitchTimeoutError,
     TransportError,
     WireFormatError,
@@ -73,6 +75,8 @@ __all__ = [
     "WireFormatError",
     "TransportError",
     "SwitchTimeoutError",
+    "RankTimeoutError",
+    "GroupCreationError",
 ]
 
 

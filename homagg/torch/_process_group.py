@@ -113,6 +113,11 @@ class ProcessGroupHomagg(ProcessGroup):
         #: what earlier allreduces agreed (exponents, union sizes), keyed by numel and dtype: a
         #: tensor of a size seen before (a DDP bucket) takes one round instead of two or three
         self.history = homagg.History()
+        #: gradient compression (``compress`` option / HOMAGG_COMPRESS; None: exact), applied to float
+        #: allreduces issued during backward (DDP's gradient buckets); other allreduces stay exact
+        from ..compress import from_spec
+
+        self.compressor = from_spec(config.compress)
         self.config = config.capped(timeout.total_seconds())
         self._group_name = ""
         self._group_desc = ""
@@ -181,7 +186,8 @@ class ProcessGroupHomagg(ProcessGroup):
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
         op = _reduce_op(opts)
         if self._codec_takes(tensors, op):
-            return self._submit("allreduce", lambda: self._codec_allreduce(tensors, op))
+            compress = self.compressor is not None and torch._C._current_graph_task_id() != -1
+            return self._submit("allreduce", lambda: self._codec_allreduce(tensors, op, compress))
         if op == dist.ReduceOp.AVG:
             dtypes = sorted({str(t.dtype) for t in tensors})
             raise InputError(f"homagg: ReduceOp.AVG needs dense floating-point tensors, got {dtypes}")
@@ -201,11 +207,15 @@ class ProcessGroupHomagg(ProcessGroup):
                 return False
         return True
 
-    def _codec_allreduce(self, tensors: list[torch.Tensor], op: Any) -> TaskResult:
+    def _codec_allreduce(self, tensors: list[torch.Tensor], op: Any, compress: bool = False) -> TaskResult:
         port = self.switch.port
         for t in tensors:
-            self._allreduce_fn(t, port, scheme=self.config.scheme, config=self._codec, inplace=True, stats=self.stats,
-                               history=self.history)
+            if compress and self.compressor is not None and self.compressor.takes(t):
+                self.compressor.allreduce(t, port, scheme=self.config.scheme, config=self._codec, stats=self.stats,
+                                          history=self.history)
+            else:
+                self._allreduce_fn(t, port, scheme=self.config.scheme, config=self._codec, inplace=True,
+                                   stats=self.stats, history=self.history)
             if op == dist.ReduceOp.AVG:
                 t.div_(self.size())
         return tensors

@@ -49,7 +49,8 @@ def _store_get(store: dist.Store, key: str, timeout_s: float, what: str) -> byte
 
 def _agree_on_config(config: BackendConfig, store: dist.Store, rank: int, timeout_s: float) -> None:
     mine = json.dumps(
-        {"switch": config.switch, "scheme": config.scheme, "codec": dict(config.codec)}, sort_keys=True, default=repr
+        {"switch": config.switch, "scheme": config.scheme, "codec": dict(config.codec), "compress": config.compress},
+        sort_keys=True, default=repr
     )
     if rank == 0:
         store.set(_CONFIG_KEY, mine)

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError, HomAggError
-from ..transport._auth import SECRET_ENV, new_secret
 from ._allreduce import _machine, _names
 from ._models_rank import LOSSY, METHODS
 from ._models_zoo import MODELS, spec
@@ -126,10 +125,6 @@ def _measure(args: argparse.Namespace, models: list[str], methods: list[str], ma
     records: list[dict[str, Any]] = []
     bw = None if args.loopback else float(args.bw)
     net = None if args.loopback else StarNet(args.world, float(args.bw))
-    # the switch host's emulator and the ranks share a control secret through the environment
-    # (inherited by both; never on a command line): StarNet does not pass one itself
-    had_secret = SECRET_ENV in os.environ
-    os.environ.setdefault(SECRET_ENV, new_secret())
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         if net is not None:
@@ -160,8 +155,6 @@ def _measure(args: argparse.Namespace, models: list[str], methods: list[str], ma
     finally:
         if net is not None:
             net.close()
-        if not had_secret:
-            os.environ.pop(SECRET_ENV, None)
     gloo = {r["model"]: r for r in records if r["method"] == "gloo"}
     for r in records:
         base = gloo.get(r["model"])

@@ -119,7 +119,7 @@ class StarNet:
     def _start_emulator(self) -> None:
         cmd = ["ip", "netns", "exec", self.switch_ns, sys.executable, "-m", "switch_emulator",
                "--listen", f"{SWITCH_IP}:{SWITCH_PORT}", "--control", f"{SWITCH_IP}:{SWITCH_PORT + 1}",
-               "--ready-json", "--quiet", "--watch-stdin", "--no-multicast"]
+               "--ready-json", "--quiet", "--watch-stdin", "--no-multicast", "--log-level", "error"]
         env = {**os.environ, SECRET_ENV: self.secret}
         env.pop(SECRET_FILE_ENV, None)
         self.emulator = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)

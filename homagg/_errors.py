@@ -81,8 +81,11 @@ class SwitchTimeoutError(TransportError, TimeoutError):
     """A bounded network wait ran out; the message names what was missing."""
 
 
-class RankTimeoutError(TransportError, TimeoutError):
+class RankTimeoutError(TransportError, TimeoutError, RuntimeError):
     """Ranks of a process group did not arrive within a bounded wait (``monitored_barrier``).
+
+    Also a ``RuntimeError``, as gloo's ``monitored_barrier`` failure is (code written for gloo
+    catches it unchanged).
 
     ``ranks`` names them (group ranks, ascending); the message names them too.
     """

@@ -128,12 +128,16 @@ def await_ranks(
                 if not missing:  # the last ones arrived just now
                     return
                 named = missing if all_ranks else missing[:1]
+                lead = (f"Rank {rank} timed out in monitoredBarrier after {int(timeout_s * 1000)} ms: "
+                        if what == "monitored_barrier" else "")  # gloo's wording, which callers match
                 raise RankTimeoutError(
-                    f"homagg {what}: {_ranks_text(named)} did not arrive within {timeout_s:.1f}s "
+                    f"{lead}homagg {what}: {_ranks_text(named)} did not arrive within {timeout_s:.1f}s "
                     f"(rank {rank} waited; {arrived} of {size} arrived)", tuple(named))
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
             arrived = store.add(key, 0)
+    except RankTimeoutError:
+        raise
     except RuntimeError as exc:  # torch's DistNetworkError/DistStoreError: the store itself is gone
         raise TransportError(f"homagg {what}: the rendezvous store is unreachable from rank {rank} "
                              f"(the process hosting it may have died): {exc}") from exc

@@ -32,6 +32,7 @@ from typing import Any
 from .._config import SCHEMES
 from .._errors import HomAggError
 from ._ranks import RECORD_MARK, launch_ranks
+from ._report import load_range, out_folder, write_report
 
 __all__ = ["configure_parser", "run", "BASELINES", "FULL", "QUICK", "RECORD_FIELDS", "RECORD_MARK", "markdown_table"]
 
@@ -288,30 +289,16 @@ def run(args: argparse.Namespace) -> int:
         args.repeats = args.repeats or FULL["repeats"]
         return rank_main(args)
     sweep = _sweep(args)
-    out_dir = Path(args.out or f"results/bench-allreduce-{time.strftime('%Y%m%d-%H%M%S')}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = out_folder(args.out, "allreduce")
     machine = _machine()
     started = time.monotonic()
     records = _measure(sweep, args, machine)
     report = {"benchmark": "allreduce", "sweep": sweep, "machine": machine,
               "wall_s": round(time.monotonic() - started, 1), "records": records}
-    text = json.dumps(report, indent=2)
-    (out_dir / "records.json").write_text(text + "\n")
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    loads = [r["load_avg"][0] for r in records]
-    header = (f"machine: {machine['platform']}, {machine['cpus']} cpus; 1-min load {min(loads):.1f}-{max(loads):.1f}; "
+    header = (f"machine: {machine['platform']}, {machine['cpus']} cpus; {load_range(records)}; "
               f"{sweep['repeats']} repeats, medians of the slowest rank; wall {report['wall_s']} s")
-    table = markdown_table(records)
-    (out_dir / "table.md").write_text(f"{header}\n\n{table}\n")
-    if not args.no_plot:
-        try:
-            _plot(records, out_dir / "speedup.png")
-        except ImportError:
-            print("bench allreduce: matplotlib missing (pip install 'homagg[bench]'): no plot", file=sys.stderr)
-    print(header)
-    print(table)
-    print(f"results in {out_dir}")
+    write_report(out_dir, report, header, markdown_table(records), json_copy=args.json, no_plot=args.no_plot,
+                 plots=[("speedup.png", lambda path: _plot(records, path))], command="bench allreduce")
     inexact = [r for r in records if r["backend"] == "homagg" and not r["exact"]]
     if inexact:
         print(f"bench allreduce: {len(inexact)} homagg result(s) NOT exact", file=sys.stderr)

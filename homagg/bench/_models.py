@@ -28,12 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError, HomAggError
@@ -41,7 +38,9 @@ from ._allreduce import _machine, _names
 from ._models_rank import LOSSY, METHODS
 from ._models_zoo import MODELS, spec
 from ._models_out import markdown_table, plot
+from ._netns import require_root
 from ._ranks import RECORD_MARK, launch_ranks
+from ._report import load_range, out_folder, write_report
 
 __all__ = ["configure_parser", "run", "RECORD_FIELDS"]
 
@@ -79,14 +78,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--_method", default="gloo", help=argparse.SUPPRESS)
     parser.add_argument("--_scheme", default="auto", help=argparse.SUPPRESS)
     parser.add_argument("--_models", type=_names, default=None, help=argparse.SUPPRESS)
-
-
-def _require_root() -> None:
-    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
-    if os.geteuid() != 0 or missing:
-        raise ConfigError("homagg bench models needs root for its shaped links (network namespaces, veth, tc)"
-                          + (f" and the tools {missing} (Debian: iproute2)" if missing else "")
-                          + "; without root pass --loopback (unshaped 127.0.0.1, says so in the records)")
 
 
 def _merge(lines: list[dict[str, Any]], world: int, bw: float | None, iterations: int,
@@ -184,11 +175,10 @@ def run(args: argparse.Namespace) -> int:
     if args.world < 2 or args.iterations < 1 or args.warmup < 3 or not args.bw > 0:
         raise ConfigError("bench models: need --world >= 2, --iterations >= 1, --warmup >= 3 and --bw > 0")
     if not args.loopback:
-        _require_root()
+        require_root("homagg bench models", "pass --loopback (unshaped 127.0.0.1, says so in the records)")
     if "gloo" not in methods:
         methods = ["gloo", *methods]  # the baseline of speedup_vs_gloo
-    out_dir = Path(args.out or f"results/bench-models-{time.strftime('%Y%m%d-%H%M%S')}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = out_folder(args.out, "models")
     machine = _machine()
     started = time.monotonic()
     records = _measure(args, models, methods, machine)
@@ -196,24 +186,11 @@ def run(args: argparse.Namespace) -> int:
     report = {"benchmark": "models", "quick": args.quick, "world": args.world, "links": links, "machine": machine,
               "iterations": args.iterations, "warmup": args.warmup, "wall_s": round(time.monotonic() - started, 1),
               "records": records}
-    text = json.dumps(report, indent=2)
-    (out_dir / "records.json").write_text(text + "\n")
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    loads = [r["load_avg"][0] for r in records]
-    header = (f"machine: {machine['platform']}, {machine['cpus']} cpus; 1-min load {min(loads):.1f}-{max(loads):.1f}; "
+    header = (f"machine: {machine['platform']}, {machine['cpus']} cpus; {load_range(records)}; "
               f"world {args.world}; links: {links}; {args.iterations} timed iterations, medians of the slowest "
               f"rank; wall {report['wall_s']} s{' (quick models)' if args.quick else ''}")
-    table = markdown_table(records)
-    (out_dir / "table.md").write_text(f"{header}\n\n{table}\n")
-    if not args.no_plot:
-        try:
-            plot(records, out_dir / "iteration.png")
-        except ImportError:
-            print("bench models: matplotlib missing (pip install 'homagg[bench]'): no plot", file=sys.stderr)
-    print(header)
-    print(table)
-    print(f"results in {out_dir}")
+    write_report(out_dir, report, header, markdown_table(records), json_copy=args.json, no_plot=args.no_plot,
+                 plots=[("iteration.png", lambda path: plot(records, path))], command="bench models")
     inexact = [f"{r['model']}/{r['method']}" for r in records if r["lossless"] and not r["exact"]]
     if inexact:
         print(f"bench models: lossless result(s) NOT exact: {inexact}", file=sys.stderr)

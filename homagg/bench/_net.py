@@ -23,8 +23,6 @@ its colour).
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +31,7 @@ from typing import Any
 from .._errors import HomAggError
 from ._allreduce import _floats, _machine, _measure, _sweep, add_sweep_arguments, markdown_table
 from ._netns import StarNet, require_root
+from ._report import load_range, out_folder, write_report
 
 __all__ = ["configure_parser", "run", "plot_net", "METHODS"]
 
@@ -106,8 +105,7 @@ def run(args: argparse.Namespace) -> int:
         args.bw = args.bw or [1000.0]
     bws = args.bw or [100.0, 1000.0, 10000.0]
     sweep = _sweep(args)
-    out_dir = Path(args.out or f"results/bench-net-{time.strftime('%Y%m%d-%H%M%S')}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = out_folder(args.out, "net")
     machine = _machine()
     started = time.monotonic()
     records: list[dict[str, Any]] = []
@@ -120,26 +118,16 @@ def run(args: argparse.Namespace) -> int:
     report = {"benchmark": "net", "links": "tc tbf rate per direction; no delay or loss (no netem here)",
               "bw_mbit": bws, "sweep": sweep, "machine": machine,
               "wall_s": round(time.monotonic() - started, 1), "records": records}
-    text = json.dumps(report, indent=2)
-    (out_dir / "records.json").write_text(text + "\n")
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    loads = [r["load_avg"][0] for r in records]
-    lines = [f"machine: {machine['platform']}, {machine['cpus']} cpus; 1-min load {min(loads):.1f}-{max(loads):.1f}; "
-             f"{sweep['repeats']} repeats, medians of the slowest rank; links: tc tbf, no delay/loss; "
-             f"wall {report['wall_s']} s", ""]
+    header = (f"machine: {machine['platform']}, {machine['cpus']} cpus; {load_range(records)}; "
+              f"{sweep['repeats']} repeats, medians of the slowest rank; links: tc tbf, no delay/loss; "
+              f"wall {report['wall_s']} s")
+    lines = []
     for bw in bws:
         lines += [f"### {bw:g} Mbit/s links", "", markdown_table([r for r in records if r["bw_mbit"] == bw], limits=True), ""]
-    table = "\n".join(lines)
-    (out_dir / "table.md").write_text(table + "\n")
-    if not args.no_plot:
-        try:
-            for world in sweep["world"]:
-                plot_net([r for r in records if r["world"] == world], out_dir / f"speedup-w{world}.png")
-        except ImportError:
-            print("bench net: matplotlib missing (pip install 'homagg[bench]'): no plots", file=sys.stderr)
-    print(table)
-    print(f"results in {out_dir}")
+    plots = [(f"speedup-w{w}.png", lambda path, w=w: plot_net([r for r in records if r["world"] == w], path))
+             for w in sweep["world"]]
+    write_report(out_dir, report, header, "\n".join(lines), json_copy=args.json, no_plot=args.no_plot, plots=plots,
+                 command="bench net")
     if not all(r["exact"] for r in records):
         raise HomAggError("bench net: a result was not exact (see records.json)")
     return 0

@@ -39,13 +39,13 @@ MTU = 9000
 WORDS_PER_PACKET = (MTU - 20 - 8 - 16) // 4  #: one homagg datagram per jumbo frame (no fragments)
 
 
-def require_root() -> None:
+def require_root(command: str = "homagg bench net", instead: str = "there is no loopback fallback") -> None:
     """Raise :class:`ConfigError` saying what is needed unless root with ``ip`` and ``tc``."""
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if os.geteuid() != 0 or missing:
-        raise ConfigError("homagg bench net needs root (network namespaces, veth links, tc rate shaping)"
+        raise ConfigError(f"{command} needs root (network namespaces, veth links, tc rate shaping)"
                           + (f" and the tools {missing} (Debian: iproute2)" if missing else "")
-                          + "; there is no loopback fallback")
+                          + f"; {instead}")
 
 
 def _ip(*args: str) -> None:

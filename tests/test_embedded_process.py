@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._dist_scripts._launch import free_port, process_alive
+
 REPO = Path(__file__).resolve().parents[1]
 
 OWNER = r"""
@@ -30,30 +32,10 @@ time.sleep(600 if sys.argv[1] == "linger" else 0)
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is gone for our purpose
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not process_alive(pid):
             return True
         time.sleep(0.1)
     return False
@@ -61,7 +43,7 @@ def _wait_gone(pid: int, timeout: float) -> bool:
 
 def _start(mode: str) -> tuple[subprocess.Popen[str], int]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", OWNER % _free_port(), mode], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", OWNER % free_port(), mode], stdout=subprocess.PIPE,
                             text=True, env=env)
     assert proc.stdout is not None
     line = proc.stdout.readline().split()
@@ -70,7 +52,7 @@ def _start(mode: str) -> tuple[subprocess.Popen[str], int]:
         pytest.fail(f"owner process printed nothing (exit {proc.wait(10)})")
     pid, total = int(line[0]), float(line[1])
     assert total == 45.0  # the all_reduce went through the emulator (one rank: the sum of its input)
-    assert pid != proc.pid and _alive(pid)  # its own process
+    assert pid != proc.pid and process_alive(pid)  # its own process
     return proc, pid
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests._dist_scripts._launch import free_port, process_alive
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 8.0
@@ -61,23 +62,10 @@ print("@result@" + json.dumps(out), flush=True)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
 
 @pytest.mark.slow
 def test_emulator_killed_mid_all_reduce_typed_error_then_new_group_works() -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "WORLD_SIZE": "2", "HOMAGG_TIMEOUT": str(TIMEOUT_S), "PYTHONUNBUFFERED": "1"}
     procs = [subprocess.Popen([sys.executable, "-c", RANK], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
@@ -105,6 +93,6 @@ def test_emulator_killed_mid_all_reduce_typed_error_then_new_group_works() -> No
     print(json.dumps([{k: r.get(k) for k in ("rank", "error", "seconds", "after_exact")} for r in results]))
     pids = [results[0]["emulator_pid"], results[0].get("new_emulator_pid") or 0]
     deadline = time.monotonic() + 10
-    while any(p and _alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(p and process_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(p and _alive(p) for p in pids), f"emulator process left behind: {pids}"
+    assert not any(p and process_alive(p) for p in pids), f"emulator process left behind: {pids}"

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests._dist_scripts._launch import process_alive
 from homagg._torchsuite import QUICK, compare, select
 from homagg._torchsuite_gates import EXCEPTIONS, NAME_TESTS, _as_homagg, exception_reason, summarize
 
@@ -199,16 +200,10 @@ def test_a_hung_or_crashed_driver_is_killed_and_the_rest_still_runs(tmp_path: Pa
                        ("test_crashes", "homagg"): "fail"}
     grandchild = int((tmp_path / "logs" / "grandchild.pid").read_text())
     deadline = time.monotonic() + 10
-    while _alive(grandchild) and time.monotonic() < deadline:
+    while process_alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(grandchild), "the hung driver's own child survived"
+    assert not process_alive(grandchild), "the hung driver's own child survived"
     summary = compare(results)
     assert [r["test"] for r in summary["regressions"]] == ["test_hangs", "test_crashes"]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False

@@ -24,7 +24,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent
 
-__all__ = ["free_port", "launch", "write_result", "run_checks", "RankFailure", "REPO", "SCRIPTS",
+__all__ = ["free_port", "process_alive", "launch", "write_result", "run_checks", "RankFailure", "REPO", "SCRIPTS",
            "tensor_to_json", "tensor_from_json", "make_input", "entry_point_site"]
 
 
@@ -36,6 +36,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (a zombie is gone for our purpose)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def launch(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from . import _hostops
+
 __all__ = ["bitmap_words", "pack_positions", "unpack_positions", "popcount"]
 
 _BYTE_BITS = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int64)
@@ -28,16 +30,9 @@ def unpack_positions(words: torch.Tensor) -> torch.Tensor:
     """int32 bitmap words -> sorted int64 flat positions of the set bits.
 
     Expands only nonzero *bytes* (8 candidates each) of the little-endian words, so the work is
-    O(words + 8 * nonzero bytes).
+    O(words + 8 * nonzero bytes) (:func:`homagg._hostops.set_bit_positions`).
     """
-    as_bytes = words.contiguous().view(torch.uint8)
-    nz = torch.nonzero(as_bytes).squeeze(1)
-    if nz.numel() == 0:
-        return nz
-    shifts = torch.arange(8, dtype=torch.uint8, device=words.device)
-    bits = (as_bytes[nz].unsqueeze(1) >> shifts) & 1
-    byte_idx, bit = torch.nonzero(bits, as_tuple=True)
-    return nz[byte_idx] * 8 + bit
+    return _hostops.set_bit_positions(words.contiguous())
 
 
 def popcount(words: torch.Tensor) -> int:

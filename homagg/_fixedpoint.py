@@ -83,12 +83,6 @@ def _pow2(shift: torch.Tensor) -> torch.Tensor:
     return ((shift + 1023) << 52).view(torch.float64)
 
 
-def _scale(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """x * 2**shift in float64, exact while the result is a normal number (two power-of-two steps)."""
-    first = shift.clamp(-1000, 1000)
-    return x * _pow2(first) * _pow2((shift - first).clamp(-1000, 1000))
-
-
 def block_exponents(idx: torch.Tensor, values: torch.Tensor, numel: int, block_size: int) -> torch.Tensor:
     """Per block, the frexp exponent of the largest |value| (EMPTY_EXPONENT where no value).
 
@@ -128,22 +122,47 @@ def mismatched_blocks(agreed: torch.Tensor, max_negated_guess: torch.Tensor) -> 
     return (agreed != EMPTY_EXPONENT) & (-max_negated_guess.to(torch.int64) != agreed.to(torch.int64))
 
 
+def _block_factors(shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per block, two exact power-of-two factors whose product is ``2**shift`` (clamped to
+    ``+-2000``): ``x * f1 * f2`` is exact while the result is a normal number.  The second is
+    ``None`` where it is 1 in every block (multiplying by 1.0 changes nothing)."""
+    first = shift.clamp(-1000, 1000)
+    rest = (shift - first).clamp(-1000, 1000)
+    return _pow2(first), (_pow2(rest) if bool(rest.any()) else None)
+
+
+def _scale_by_block(x: torch.Tensor, blk: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """``x * 2**shift[blk]`` in float64, the factors computed once per block and gathered per
+    element (the same two multiplications as scaling element by element; a factor of 1.0 skipped)."""
+    f1, f2 = _block_factors(shift)
+    out = x * f1.index_select(0, blk)
+    if f2 is not None:
+        out.mul_(f2.index_select(0, blk))
+    return out
+
+
+def _block_of(idx: torch.Tensor, block_size: int) -> torch.Tensor:
+    return idx >> (block_size.bit_length() - 1) if block_size & (block_size - 1) == 0 else idx // block_size
+
+
 def quantize(idx: torch.Tensor, values: torch.Tensor, exponents: torch.Tensor, block_size: int, world_size: int) -> torch.Tensor:
     """int32 grid values of ``values`` (float64) at flat positions ``idx`` under agreed exponents."""
     p = precision_bits(world_size)
-    shift = p - exponents[idx // block_size].to(torch.int64)
+    e = exponents.to(torch.int64)
+    # No value lies in a block whose exponent is EMPTY; keep its (unused) shift in range.
+    shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), p - e)
     limit = float(2**p - 1)
-    q = torch.round(_scale(values, shift)).clamp_(-limit, limit)
+    q = torch.round(_scale_by_block(values, _block_of(idx, block_size), shift)).clamp_(-limit, limit)
     return q.to(torch.int32)
 
 
 def dequantize(idx: torch.Tensor, sums: torch.Tensor, exponents: torch.Tensor, block_size: int, world_size: int, dtype: torch.dtype) -> torch.Tensor:
     """Combined int32 grid sums at positions ``idx`` -> values of ``dtype`` (one final rounding)."""
     p = precision_bits(world_size)
-    e = exponents[idx // block_size].to(torch.int64)
+    e = exponents.to(torch.int64)
     # A block whose exponent is EMPTY can only hold zero sums; keep its shift in range.
     shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - p)
-    return _scale(sums.to(torch.float64), shift).to(dtype)
+    return _scale_by_block(sums.to(torch.float64), _block_of(idx, block_size), shift).to(dtype)
 
 
 def to_limbs(values: torch.Tensor, limbs: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from collections.abc import Generator
 
 import torch
 
-from . import _bitmap, _blocks, _fixedpoint, _sparse
+from . import _bitmap, _blocks, _fixedpoint, _hostops, _sparse
 from ._config import CodecConfig
 from ._errors import ProtocolError
 from ._stats import WorkerStats
@@ -76,7 +76,7 @@ class Worker:
         """Sorted flat positions of the local nonzeros (computed on first use)."""
         if self._idx is None:
             assert self.flat is not None
-            self._idx = torch.nonzero(self.flat).squeeze(1)
+            self._idx = _hostops.nonzero_positions(self.flat)
         return self._idx
 
     @property
@@ -84,7 +84,7 @@ class Worker:
         """Values at :attr:`idx` (float64 for floats)."""
         if self._raw is None:
             assert self.flat is not None
-            raw = self.flat.index_select(0, self.idx)
+            raw = _hostops.gather(self.flat, self.idx)
             self._raw = raw.to(torch.float64) if self.is_float else raw
         return self._raw
 
@@ -201,10 +201,16 @@ class Worker:
         out = torch.zeros((positions.numel(), self.limbs), dtype=torch.int32, device=self.device)
         idx = self.idx
         if idx.numel() and positions.numel():
-            slot = torch.searchsorted(positions, idx)
+            slot = _hostops.sorted_slots(positions, idx)
             slot_c = slot.clamp(max=positions.numel() - 1)
-            hit = positions[slot_c] == idx
-            out[slot_c[hit]] = self.grid[hit]
+            hit = _hostops.gather(positions, slot_c) == idx
+            if bool(hit.all()):  # the usual case: positions cover the local nonzeros (a union)
+                if self.limbs == 1:
+                    _hostops.scatter_(out.view(-1), slot, self.grid.view(-1))
+                else:
+                    out[slot] = self.grid
+            else:
+                out[slot_c[hit]] = self.grid[hit]
         return out
 
     def dense_values(self, blocks: torch.Tensor | None = None) -> torch.Tensor:
@@ -268,7 +274,7 @@ class Worker:
         if out is None:
             out = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
         if positions.numel():
-            out[positions] = self.decode(positions, sums)
+            _hostops.scatter_(out, positions, self.decode(positions, sums))
         return out
 
 

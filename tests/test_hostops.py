@@ -1,0 +1,116 @@
+"""The CPU fast paths (:mod:`homagg._hostops`) against the torch ops they replace, and the per-block
+scaling of :mod:`homagg._fixedpoint` against element-by-element scaling."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+import torch
+from hypothesis import given, settings
+
+from homagg import _fixedpoint, _hostops
+from homagg._bitmap import pack_positions
+
+_FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+_INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
+
+
+def _sparse_tensor(seed: int, n: int, density: float, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.zeros(n, dtype=torch.float64)
+    mask = torch.rand(n, generator=g) < density
+    x[mask] = torch.randn(int(mask.sum()), generator=g, dtype=torch.float64) * 100
+    if dtype.is_floating_point:
+        x = x.to(dtype)
+        x[torch.rand(n, generator=g) < 0.01] = -0.0  # a negative zero is a zero
+        return x
+    return x.round().clamp(torch.iinfo(dtype).min, torch.iinfo(dtype).max).to(dtype)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(0, 5000), density=st.sampled_from([0.0, 0.001, 0.05, 0.5, 1.0]),
+       dtype=st.sampled_from(_FLOATS + _INTS), chunk=st.sampled_from([7, 64, 1 << 20]))
+def test_nonzero_positions_equal_torch_nonzero(seed, n, density, dtype, chunk) -> None:
+    x = _sparse_tensor(seed, n, density, dtype)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_hostops, "_CHUNK", chunk)  # several chunks, a ragged last one
+        got = _hostops.nonzero_positions(x)
+    want = torch.nonzero(x).squeeze(1)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_nonzero_positions_count_nan_and_inf_but_not_negative_zero(dtype) -> None:
+    x = torch.tensor([0.0, -0.0, float("nan"), 1.0, float("-inf"), -0.0, 2.0**-20], dtype=dtype)
+    assert _hostops.nonzero_positions(x).tolist() == [2, 3, 4, 6] == torch.nonzero(x).squeeze(1).tolist()
+
+
+def test_nonzero_positions_of_a_view_and_of_a_strided_tensor() -> None:
+    x = _sparse_tensor(3, 10_000, 0.1, torch.float32)
+    view = x[1234:8765]
+    assert torch.equal(_hostops.nonzero_positions(view), torch.nonzero(view).squeeze(1))
+    strided = x[::3]  # not contiguous: the torch fallback
+    assert torch.equal(_hostops.nonzero_positions(strided), torch.nonzero(strided).squeeze(1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 20_000), density=st.sampled_from([0.0, 0.002, 0.1, 0.7, 1.0]))
+def test_set_bit_positions_roundtrip_and_equal_torch(seed, n, density) -> None:
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.nonzero(torch.rand(n, generator=g) < density).squeeze(1)
+    words = pack_positions(pos, n)
+    got = _hostops.set_bit_positions(words)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, pos)
+    assert torch.equal(got, _hostops._set_bit_positions_torch(words))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 5000), k=st.integers(0, 500))
+def test_sorted_slots_gather_scatter_equal_torch(seed, n, k) -> None:
+    g = torch.Generator().manual_seed(seed)
+    hay = torch.unique(torch.randint(0, 4 * n, (n,), generator=g))
+    needles = torch.sort(torch.randint(0, 4 * n + 2, (k,), generator=g)).values
+    assert torch.equal(_hostops.sorted_slots(hay, needles), torch.searchsorted(hay, needles))
+    src = torch.randn(hay.numel(), generator=g)
+    index = torch.randint(0, hay.numel(), (k,), generator=g)
+    assert torch.equal(_hostops.gather(src, index), src[index])
+    for dtype in (torch.float32, torch.bfloat16, torch.int32, torch.float64):
+        out, ref = torch.zeros(4 * n, dtype=dtype), torch.zeros(4 * n, dtype=dtype)
+        values = torch.randn(hay.numel(), generator=g).to(dtype)
+        _hostops.scatter_(out, hay, values)
+        ref[hay] = values
+        assert torch.equal(out, ref)
+
+
+def _scale_elementwise(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """The reference: x * 2**shift per element, in two exact power-of-two steps."""
+    first = shift.clamp(-1000, 1000)
+    return x * _fixedpoint._pow2(first) * _fixedpoint._pow2((shift - first).clamp(-1000, 1000))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), world=st.integers(1, 300), block=st.sampled_from([1, 3, 64, 1024]),
+       spread=st.sampled_from([0, 30, 600, 1100]))
+def test_block_scaling_equals_elementwise_scaling(seed, world, block, spread) -> None:
+    """quantize/dequantize gather per-block factors; the words and results are those of scaling
+    each element (spread 1100: exponents far enough apart that the second factor is needed)."""
+    g = torch.Generator().manual_seed(seed)
+    n = 3 * block + 5
+    blocks = -(-n // block)
+    exps = torch.randint(-spread - 1, spread + 2, (blocks,), generator=g, dtype=torch.int32)
+    exps[torch.rand(blocks, generator=g) < 0.2] = _fixedpoint.EMPTY_EXPONENT
+    idx = torch.arange(n)
+    held = exps[idx // block] != _fixedpoint.EMPTY_EXPONENT
+    idx = idx[held]
+    e = exps[idx // block].to(torch.int64)
+    values = torch.ldexp(torch.rand(idx.numel(), generator=g, dtype=torch.float64) - 0.5, e.to(torch.float64))
+    p = _fixedpoint.precision_bits(world)
+    want_q = torch.round(_scale_elementwise(values, p - e)).clamp_(-(2.0**p - 1), 2.0**p - 1).to(torch.int32)
+    got_q = _fixedpoint.quantize(idx, values, exps, block, world)
+    assert torch.equal(got_q, want_q)
+    sums = got_q * min(world, 3)
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        want = _scale_elementwise(sums.to(torch.float64), e - p).to(dtype)
+        assert torch.equal(_fixedpoint.dequantize(idx, sums, exps, block, world, dtype), want)

@@ -29,6 +29,7 @@ from typing import Any
 
 from .._errors import ConfigError, HomAggError
 from ..transport._auth import SECRET_ENV, SECRET_FILE_ENV, new_secret
+from ..wire import HEADER_LEN
 from ._ranks import launch_ranks
 
 __all__ = ["StarNet", "SWITCH_IP", "require_root"]
@@ -36,7 +37,7 @@ __all__ = ["StarNet", "SWITCH_IP", "require_root"]
 SWITCH_IP = "10.77.255.1"
 SWITCH_PORT = 18497
 MTU = 9000
-WORDS_PER_PACKET = (MTU - 20 - 8 - 16) // 4  #: one homagg datagram per jumbo frame (no fragments)
+WORDS_PER_PACKET = (MTU - 20 - 8 - HEADER_LEN) // 4  #: one homagg datagram per jumbo frame (IP + UDP + homagg headers: no fragments)
 
 
 def require_root(command: str = "homagg bench net", instead: str = "there is no loopback fallback") -> None:

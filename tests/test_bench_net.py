@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 
 from homagg.bench._allreduce import RECORD_FIELDS
+from homagg import ConfigError
 from homagg.bench._allreduce_rank import sparse_allgather_bytes
+from homagg.bench._netns import StarNet, words_per_packet
 from homagg.cli import main
+from homagg.wire import MAX_WORDS_JUMBO, datagram_len
 
 ROOT_AND_TOOLS = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 
@@ -41,6 +44,7 @@ def test_quick_sweep_on_shaped_links(tmp_path: Path) -> None:
         for name, types in RECORD_FIELDS.items():
             assert isinstance(r[name], types), (name, r[name])
         assert r["method"] in ("gloo-ring", "gloo-sparse", "homagg") and r["bw_mbit"] == 1000.0
+        assert r["mtu"] == 9000
         assert r["exact"] is True
         ring = 2 * (r["world"] - 1) / r["world"] * 4 * r["numel"]
         assert r["physical_limit_speedup"] == pytest.approx(ring / r["bytes_per_worker"])
@@ -60,3 +64,18 @@ def test_without_root_it_says_what_it_needs(monkeypatch: pytest.MonkeyPatch, cap
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert main(["bench", "net", "--quick"]) != 0
     assert "needs root" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mtu", [1280, 1500, 9000, 20000, 64048, 65535])
+def test_a_datagram_fills_one_frame_without_fragments(mtu: int) -> None:
+    """IP (20) + UDP (8) + the homagg datagram fit the MTU, and one more word would not (unless
+    the emulator's word limit is reached first): a datagram over the MTU goes as IP fragments."""
+    words = words_per_packet(mtu)
+    assert 28 + datagram_len(words) <= mtu
+    assert words == MAX_WORDS_JUMBO or 28 + datagram_len(words + 1) > mtu
+
+
+@pytest.mark.parametrize("mtu", [576, 65536])
+def test_an_mtu_veth_cannot_carry_is_refused(mtu: int) -> None:
+    with pytest.raises(ConfigError, match="MTU"):
+        StarNet(2, 1000.0, mtu)

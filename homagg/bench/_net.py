@@ -9,9 +9,9 @@ emulator on the switch host, every scheme (dense = SwitchML-style in-network agg
 check), started inside the namespaces.
 
 Each record adds to ``homagg bench allreduce``'s: ``method`` (``gloo-ring`` / ``gloo-sparse`` /
-``homagg``),
-``bw_mbit``, ``physical_limit_speedup`` (ring bytes per worker / this method's bytes per worker)
-and ``ratio_to_limit`` (``speedup_vs_gloo / physical_limit_speedup``).  Needs root; without it
+``homagg``), ``bw_mbit``, ``mtu`` (the links' MTU; a homagg datagram fills one frame, so a larger
+MTU means fewer datagrams for the emulator and the ranks to handle), ``physical_limit_speedup``
+(ring bytes per worker / this method's bytes per worker) and ``ratio_to_limit`` (``speedup_vs_gloo / physical_limit_speedup``).  Needs root; without it
 the command says what it needs and exits non-zero (no loopback fallback).  Links have no delay or
 loss (this kernel has no ``netem``): the comparison is about bandwidth only.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from .._errors import HomAggError
 from ._allreduce import _floats, _machine, _measure, _sweep, add_sweep_arguments, markdown_table
-from ._netns import StarNet, require_root
+from ._netns import MAX_MTU, MTU, StarNet, require_root, words_per_packet
 from ._report import load_range, out_folder, write_report
 
 __all__ = ["configure_parser", "run", "plot_net", "METHODS"]
@@ -42,17 +42,20 @@ METHODS = {"gloo": "gloo-ring", "gloo-sparse": "gloo-sparse", "homagg": "homagg"
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Options (each sweep axis: a comma list or one value)."""
     parser.add_argument("--bw", type=_floats, default=None, help="link rate in Mbit/s (default 100,1000,10000)")
+    parser.add_argument("--mtu", type=int, default=MTU,
+                        help=f"link MTU in bytes; a homagg datagram fills one frame (default {MTU}: jumbo Ethernet; "
+                             f"up to {MAX_MTU})")
     add_sweep_arguments(parser, timeout=600.0)
     parser.add_argument("--quick", action="store_true",
                         help="1 Gbit/s, 2 hosts, numel 1M, density 0.01 and 1.0, schemes auto,dense, 3 repeats")
     parser.set_defaults(isolate=False)
 
 
-def _with_limits(record: dict[str, Any], bw: float) -> dict[str, Any]:
+def _with_limits(record: dict[str, Any], bw: float, mtu: int) -> dict[str, Any]:
     ring = 2 * (record["world"] - 1) / record["world"] * 4 * record["numel"]
     limit = ring / record["bytes_per_worker"] if record["bytes_per_worker"] > 0 else None
     speedup = record["speedup_vs_gloo"]
-    return {**record, "method": METHODS[record["backend"]], "bw_mbit": bw,
+    return {**record, "method": METHODS[record["backend"]], "bw_mbit": bw, "mtu": mtu,
             "physical_limit_speedup": limit,
             "ratio_to_limit": speedup / limit if speedup is not None and limit else None}
 
@@ -111,15 +114,17 @@ def run(args: argparse.Namespace) -> int:
     records: list[dict[str, Any]] = []
     for bw in bws:
         for world in sweep["world"]:
-            with StarNet(world, bw) as net:
+            with StarNet(world, bw, args.mtu) as net:
                 one = {**sweep, "world": [world]}
                 found = _measure(one, args, machine, launch=net.launch, title=f"bench net {bw:g} Mbit/s")
-            records += [_with_limits(r, bw) for r in found]
-    report = {"benchmark": "net", "links": "tc tbf rate per direction; no delay or loss (no netem here)",
+            records += [_with_limits(r, bw, args.mtu) for r in found]
+    links = (f"tc tbf rate per direction, MTU {args.mtu} ({words_per_packet(args.mtu)} words per homagg datagram); "
+             "no delay or loss (no netem here)")
+    report = {"benchmark": "net", "links": links, "mtu": args.mtu,
               "bw_mbit": bws, "sweep": sweep, "machine": machine,
               "wall_s": round(time.monotonic() - started, 1), "records": records}
     header = (f"machine: {machine['platform']}, {machine['cpus']} cpus; {load_range(records)}; "
-              f"{sweep['repeats']} repeats, medians of the slowest rank; links: tc tbf, no delay/loss; "
+              f"{sweep['repeats']} repeats, medians of the slowest rank; links: {links}; "
               f"wall {report['wall_s']} s")
     lines = []
     for bw in bws:

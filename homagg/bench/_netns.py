@@ -29,15 +29,24 @@ from typing import Any
 
 from .._errors import ConfigError, HomAggError
 from ..transport._auth import SECRET_ENV, SECRET_FILE_ENV, new_secret
-from ..wire import HEADER_LEN
+from ..wire import HEADER_LEN, MAX_WORDS_JUMBO
 from ._ranks import launch_ranks
 
-__all__ = ["StarNet", "SWITCH_IP", "require_root"]
+__all__ = ["StarNet", "SWITCH_IP", "MTU", "require_root", "words_per_packet"]
 
 SWITCH_IP = "10.77.255.1"
 SWITCH_PORT = 18497
-MTU = 9000
-WORDS_PER_PACKET = (MTU - 20 - 8 - HEADER_LEN) // 4  #: one homagg datagram per jumbo frame (IP + UDP + homagg headers: no fragments)
+MTU = 9000  #: default link MTU: jumbo Ethernet frames
+MAX_MTU = 65535  #: veth's largest MTU
+
+
+def words_per_packet(mtu: int) -> int:
+    """Payload words of one homagg datagram filling one ``mtu``-byte IP packet (IP + UDP + homagg
+    headers: no fragments), at most the emulator's ``MAX_WORDS_JUMBO``."""
+    return min(MAX_WORDS_JUMBO, (mtu - 20 - 8 - HEADER_LEN) // 4)
+
+
+WORDS_PER_PACKET = words_per_packet(MTU)  #: one homagg datagram per jumbo frame
 
 
 def require_root(command: str = "homagg bench net", instead: str = "there is no loopback fallback") -> None:
@@ -62,12 +71,15 @@ def _in(ns: str, *cmd: str) -> None:
 
 
 class StarNet:
-    """``world`` worker namespaces and one switch namespace, links shaped to ``bw_mbit``."""
+    """``world`` worker namespaces and one switch namespace, links shaped to ``bw_mbit``, every
+    veth with MTU ``mtu`` (homagg datagrams fill one frame: :func:`words_per_packet`)."""
 
-    def __init__(self, world: int, bw_mbit: float) -> None:
+    def __init__(self, world: int, bw_mbit: float, mtu: int = MTU) -> None:
         if world < 1 or world > 250 or not bw_mbit > 0:
             raise ConfigError(f"bench net: need 1 <= world <= 250 and bw > 0, got {world}, {bw_mbit}")
-        self.world, self.bw_mbit = world, bw_mbit
+        if not 1280 <= mtu <= MAX_MTU:
+            raise ConfigError(f"bench net: the link MTU must be in [1280, {MAX_MTU}] bytes, got {mtu}")
+        self.world, self.bw_mbit, self.mtu = world, bw_mbit, mtu
         tag = f"ha{os.getpid() % 100000}"
         self.switch_ns = f"{tag}sw"
         self.worker_ns = [f"{tag}w{r}" for r in range(world)]
@@ -91,7 +103,7 @@ class StarNet:
 
     def _shape(self, ns: str, dev: str) -> None:
         rate_bytes = self.bw_mbit * 1e6 / 8
-        burst = max(64 * 1024, int(rate_bytes / 250))  # at least a few jumbo frames, ~4 ms at rate
+        burst = max(64 * 1024, 2 * self.mtu, int(rate_bytes / 250))  # a few frames, ~4 ms at rate
         _in(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{self.bw_mbit}mbit",
             "burst", str(burst), "latency", "50ms")
 
@@ -106,8 +118,8 @@ class StarNet:
             _ip("netns", "add", ns)
             self._made.append(ns)
             hw, hs = f"hw{r}", f"hs{r}"
-            _ip("link", "add", hw, "netns", ns, "mtu", str(MTU), "type", "veth", "peer", "name", hs,
-                "netns", sw, "mtu", str(MTU))
+            _ip("link", "add", hw, "netns", ns, "mtu", str(self.mtu), "type", "veth", "peer", "name", hs,
+                "netns", sw, "mtu", str(self.mtu))
             _in(ns, "ip", "link", "set", "lo", "up")
             _in(ns, "ip", "addr", "add", f"10.77.{r}.2/24", "dev", hw)
             _in(ns, "ip", "link", "set", hw, "up")
@@ -153,7 +165,7 @@ class StarNet:
         """What a rank in namespace ``rank`` needs: gloo's interface, the rendezvous, the switch and
         its control secret."""
         return {"GLOO_SOCKET_IFNAME": f"hw{rank}", "HOMAGG_SWITCH": f"{SWITCH_IP}:{SWITCH_PORT}", SECRET_ENV: self.secret,
-                "HOMAGG_WORDS_PER_PACKET": str(WORDS_PER_PACKET), "HOMAGG_SLOTS": "64"}
+                "HOMAGG_WORDS_PER_PACKET": str(words_per_packet(self.mtu)), "HOMAGG_SLOTS": "64"}
 
     def launch(self, cmd: Sequence[str], world: int, *, label: str, stall_timeout: float,
                env: Mapping[str, str] | None = None,

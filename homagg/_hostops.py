@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["nonzero_positions", "set_bit_positions", "sorted_slots", "scatter_", "gather"]
+__all__ = ["nonzero_positions", "set_bit_positions", "bit_ranks", "sorted_slots", "scatter_", "gather"]
 
 _CHUNK = 1 << 20  #: elements per chunk of the nonzero scan (its bool buffer stays in cache)
 
@@ -83,6 +83,34 @@ def _set_bit_positions_torch(words: torch.Tensor) -> torch.Tensor:
     bits = (as_bytes[nz].unsqueeze(1) >> shifts) & 1
     byte_idx, bit = torch.nonzero(bits, as_tuple=True)
     return nz[byte_idx] * 8 + bit
+
+
+_BYTE_BITS = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int64)
+
+
+def bit_ranks(words: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """For int64 ``positions`` whose bits are set in the int32 bitmap ``words``: how many set bits
+    come before each (its slot among the set bits), i.e. ``searchsorted(set_bit_positions(words),
+    positions)``, from per-word popcounts and their prefix sums (O(words + positions))."""
+    if _host(words) and _host(positions) and hasattr(np, "bitwise_count"):
+        w = words.numpy().view(np.uint32)
+        counts = np.bitwise_count(w)
+        before = np.cumsum(counts, dtype=np.int64)
+        before -= counts
+        p = positions.numpy()
+        wi = p >> 5
+        below = w[wi] & ((np.uint32(1) << (p & 31).astype(np.uint32)) - np.uint32(1))
+        out = before[wi]
+        out += np.bitwise_count(below)
+        return torch.from_numpy(out)
+    as_bytes = words.contiguous().view(torch.uint8).to(torch.int64)
+    table = _BYTE_BITS.to(words.device)
+    per_word = table[as_bytes].view(-1, 4).sum(dim=1)
+    before = torch.cumsum(per_word, 0) - per_word
+    wi = positions >> 5
+    below = (words.index_select(0, wi).to(torch.int64) & 0xFFFFFFFF) & ((1 << (positions & 31)) - 1)
+    low = table[below & 0xFF] + table[(below >> 8) & 0xFF] + table[(below >> 16) & 0xFF] + table[below >> 24]
+    return before.index_select(0, wi) + low
 
 
 def sorted_slots(haystack: torch.Tensor, needles: torch.Tensor) -> torch.Tensor:

@@ -233,7 +233,8 @@ def _compact(w: Worker, stats: WorkerStats, exponents_done: bool = False) -> Pro
         combined = w.set_exponents(combined)
     union = _bitmap.unpack_positions(combined[0])
     w.union = union.numel()
-    (sums,) = yield from exchange([Stream("values", CombineOp.ADD, w.values_at(union).reshape(-1))], stats)
+    (sums,) = yield from exchange([Stream("values", CombineOp.ADD, w.union_values(combined[0], w.union).reshape(-1))],
+                                  stats)
     return w.result(union, sums.reshape(-1, w.limbs))
 
 

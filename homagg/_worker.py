@@ -213,6 +213,19 @@ class Worker:
                 out[slot_c[hit]] = self.grid[hit]
         return out
 
+    def union_values(self, words: torch.Tensor, union_size: int) -> torch.Tensor:
+        """(U, L) int32 of this worker's grid words in the order of the set bits of the OR-combined
+        bitmap ``words`` (which holds every local nonzero's bit): ``values_at(union)`` without a
+        search, each local word's slot counted from the bitmap (:func:`homagg._hostops.bit_ranks`)."""
+        out = torch.zeros((union_size, self.limbs), dtype=torch.int32, device=self.device)
+        if self.idx.numel():
+            slot = _hostops.bit_ranks(words, self.idx)
+            if self.limbs == 1:
+                _hostops.scatter_(out.view(-1), slot, self.grid.view(-1))
+            else:
+                out[slot] = self.grid
+        return out
+
     def dense_values(self, blocks: torch.Tensor | None = None) -> torch.Tensor:
         """Flat int32 words of every element (of the blocks flagged in ``blocks``, if given)."""
         assert self._quantized, "quantize() first"

@@ -114,3 +114,21 @@ def test_block_scaling_equals_elementwise_scaling(seed, world, block, spread) ->
     for dtype in (torch.float64, torch.float32, torch.bfloat16):
         want = _scale_elementwise(sums.to(torch.float64), e - p).to(dtype)
         assert torch.equal(_fixedpoint.dequantize(idx, sums, exps, block, world, dtype), want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 20_000), density=st.sampled_from([0.001, 0.1, 0.7, 1.0]),
+       mine=st.sampled_from([0.0, 0.3, 1.0]), numpy_path=st.booleans())
+def test_bit_ranks_equal_searchsorted_in_the_union(seed, n, density, mine, numpy_path) -> None:
+    """A worker's slot in the union: from popcounts of the OR-ed bitmap == searchsorted(union)."""
+    g = torch.Generator().manual_seed(seed)
+    union = torch.nonzero(torch.rand(n, generator=g) < density).squeeze(1)
+    own = union[torch.rand(union.numel(), generator=g) < mine]
+    words = pack_positions(union, n)
+    want = torch.searchsorted(union, own)
+    with pytest.MonkeyPatch.context() as mp:
+        if not numpy_path:  # the torch path (other devices, numpy < 2)
+            mp.setattr(_hostops, "_host", lambda t: False)
+        got = _hostops.bit_ranks(words, own)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, want)

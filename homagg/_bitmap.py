@@ -9,10 +9,9 @@ from __future__ import annotations
 import torch
 
 from . import _hostops
+from ._hostops import BYTE_BITS
 
 __all__ = ["bitmap_words", "pack_positions", "unpack_positions", "popcount"]
-
-_BYTE_BITS = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int64)
 
 
 def bitmap_words(numel: int) -> int:
@@ -20,10 +19,9 @@ def bitmap_words(numel: int) -> int:
 
 
 def pack_positions(idx: torch.Tensor, numel: int) -> torch.Tensor:
-    """Sorted or unsorted distinct flat positions -> int32 bitmap words."""
-    words = torch.zeros(bitmap_words(numel), dtype=torch.int64, device=idx.device)
-    words.index_add_(0, idx >> 5, torch.ones_like(idx) << (idx & 31))
-    return (words - ((words >> 31) << 32)).to(torch.int32)  # reinterpret the low 32 bits as signed
+    """Sorted or unsorted distinct flat positions -> int32 bitmap words
+    (:func:`homagg._hostops.bitmap_of`: bits are distinct, so ADD == OR)."""
+    return _hostops.bitmap_of(idx, numel)
 
 
 def unpack_positions(words: torch.Tensor) -> torch.Tensor:
@@ -38,4 +36,4 @@ def unpack_positions(words: torch.Tensor) -> torch.Tensor:
 def popcount(words: torch.Tensor) -> int:
     """Number of set bits of int32 bitmap words (a byte table lookup, no Python loop)."""
     as_bytes = words.contiguous().view(torch.uint8).to(torch.int64)
-    return int(_BYTE_BITS.to(words.device)[as_bytes].sum())
+    return int(BYTE_BITS.to(words.device)[as_bytes].sum())

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["nonzero_positions", "set_bit_positions", "bit_ranks", "sorted_slots", "scatter_", "gather"]
+__all__ = ["nonzero_positions", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "scatter_", "gather"]
 
 _CHUNK = 1 << 20  #: elements per chunk of the nonzero scan (its bool buffer stays in cache)
 
@@ -59,6 +59,22 @@ def nonzero_positions(flat: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(out.astype(np.int64, copy=False))
 
 
+def bitmap_of(idx: torch.Tensor, numel: int) -> torch.Tensor:
+    """int32 bitmap words (bit ``i % 32`` of word ``i // 32``) of distinct int64 positions ``idx``.
+
+    Distinct bits of a word add up to their OR; on CPU the per-word sums are a weighted
+    ``bincount`` in float64, exact (below ``2**32``)."""
+    words = -(-numel // 32)
+    if not _host(idx) or words == 0:
+        out = torch.zeros(words, dtype=torch.int64, device=idx.device)
+        out.index_add_(0, idx >> 5, torch.ones_like(idx) << (idx & 31))
+        return (out - ((out >> 31) << 32)).to(torch.int32)  # reinterpret the low 32 bits as signed
+    p = idx.numpy()
+    bits = np.left_shift(np.uint32(1), (p & 31).astype(np.uint32)).astype(np.float64)
+    sums = np.bincount(p >> 5, weights=bits, minlength=words)
+    return torch.from_numpy(sums.astype(np.uint32).view(np.int32))
+
+
 def set_bit_positions(words: torch.Tensor) -> torch.Tensor:
     """Sorted int64 positions of the set bits of int32 bitmap ``words`` (bit ``i % 32`` of word
     ``i // 32``).  Only nonzero bytes are expanded: O(words + 8 * nonzero bytes)."""
@@ -85,7 +101,7 @@ def _set_bit_positions_torch(words: torch.Tensor) -> torch.Tensor:
     return nz[byte_idx] * 8 + bit
 
 
-_BYTE_BITS = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int64)
+BYTE_BITS = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int64)  #: set bits of each byte value
 
 
 def bit_ranks(words: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -104,7 +120,7 @@ def bit_ranks(words: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         out += np.bitwise_count(below)
         return torch.from_numpy(out)
     as_bytes = words.contiguous().view(torch.uint8).to(torch.int64)
-    table = _BYTE_BITS.to(words.device)
+    table = BYTE_BITS.to(words.device)
     per_word = table[as_bytes].view(-1, 4).sum(dim=1)
     before = torch.cumsum(per_word, 0) - per_word
     wi = positions >> 5

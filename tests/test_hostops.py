@@ -132,3 +132,19 @@ def test_bit_ranks_equal_searchsorted_in_the_union(seed, n, density, mine, numpy
         got = _hostops.bit_ranks(words, own)
     assert got.dtype == torch.int64
     assert torch.equal(got, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 20_000), density=st.sampled_from([0.0, 0.01, 0.5, 1.0]),
+       numpy_path=st.booleans())
+def test_bitmap_of_sets_exactly_the_bits_of_the_positions(seed, n, density, numpy_path) -> None:
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.nonzero(torch.rand(n, generator=g) < density).squeeze(1)
+    pos = pos[torch.randperm(pos.numel(), generator=g)]  # order does not matter
+    with pytest.MonkeyPatch.context() as mp:
+        if not numpy_path:
+            mp.setattr(_hostops, "_host", lambda t: False)
+        words = _hostops.bitmap_of(pos, n)
+    assert words.dtype == torch.int32 and words.numel() == -(-n // 32)
+    bits = (words.to(torch.int64).unsqueeze(1) >> torch.arange(32)) & 1  # bit i % 32 of word i // 32
+    assert torch.equal(torch.nonzero(bits.reshape(-1)).squeeze(1), torch.sort(pos).values)

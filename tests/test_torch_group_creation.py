@@ -7,18 +7,23 @@ with the rendezvous store hosted by rank 0 (``env://``) or by this test process 
 agent hosts it, so it outlives rank 0).  Oracle: every surviving rank raises exactly
 :class:`homagg.GroupCreationError` (never a bare TransportError or RuntimeError), within a bound,
 naming rank 0 when the store can still tell; with a slow rank, every rank's ``new_group`` returns
-only after that rank's registration finished (wall clock, same machine).
+only after that rank's registration finished (wall clock, same machine).  A rank that gives up
+inside the gloo groups' connect (gloo waits 5x its timeout there) is noticed within the bound too,
+and the gloo groups still wait the group timeout in their ops.
 """
 
 from __future__ import annotations
 
 import datetime
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.distributed as dist
+
+import homagg
 
 sys.path.insert(0, str(Path(__file__).parent / "_dist_scripts"))
 from _launch import free_port, launch  # noqa: E402
@@ -74,6 +79,41 @@ def test_new_group_rank0_dies_before_the_switch_with_store_alive() -> None:
 
 def test_new_group_rank0_dies_before_the_switch_with_its_store() -> None:
     assert_one_typed_error(run("new_group", "before_switch"), "before_switch", bound_s=18.0)
+
+
+def test_new_group_peer_gives_up_inside_the_gloo_connect() -> None:
+    """The last rank loses the store right after publishing its gloo address: its peers wait for it in
+    gloo's connect, which waits 5x gloo's timeout (before: 5 x the group timeout, 30 s here).  Every
+    rank raises within the bound; the rank that gave up names the gloo group."""
+    results = run("new_group", "gloo_gives_up", group_timeout_s=6.0)
+    for res in results:
+        assert res["outcome"] == "GroupCreationError" and res["is_homagg"], res
+        assert f"failed on rank {res['rank']} of {WORLD}" in res["message"], res["message"]
+        assert res["seconds"] < 6.0 + 8.0, res
+    assert "the private gloo group did not connect" in results[-1]["message"], results[-1]["message"]
+
+
+def test_gloo_groups_wait_the_group_timeout_in_their_ops() -> None:
+    """They connect with a twelfth of the creation deadline, then get the group timeout back: a
+    rank joining a barrier (private gloo group) and a reduce (delegate) 2.5 s late is waited for."""
+    results = run("new_group", "late_ops", group_timeout_s=12.0)
+    for res in results:
+        assert res["outcome"] == "ok", res
+        assert res["gloo_timeouts"] == [12.0, 12.0], res
+    assert results[0]["reduced"] == WORLD, results[0]
+
+
+def test_a_rank_that_never_comes_is_named_within_the_group_timeout() -> None:
+    """In this process, rank 0 of 2 alone: the barrier every rank passes before the gloo groups names rank 1."""
+    from homagg.torch._config import BackendConfig
+    from homagg.torch._process_group import ProcessGroupHomagg
+
+    t0 = time.monotonic()
+    with pytest.raises(homagg.GroupCreationError) as err:
+        ProcessGroupHomagg(dist.HashStore(), 0, 2, datetime.timedelta(seconds=1.5), BackendConfig.resolve(None))
+    assert err.value.ranks == (1,), err.value
+    assert "rank 1 did not arrive within 1.5s" in str(err.value), err.value
+    assert time.monotonic() - t0 < 1.5 + 5.0
 
 
 def test_new_group_returns_only_when_every_rank_registered() -> None:

@@ -22,9 +22,11 @@ ops call a plain C++ ``ProcessGroup`` that has the delegate as its only backend,
 release the GIL before entering gloo, as the worker's calls of the private gloo group do.
 
 Creation is symmetric: a group exists only when every rank has registered with the switch (a
-store barrier, bounded by the group timeout).  Any failure while creating it (a peer died, the
-store or the switch went away) raises one :class:`~homagg.GroupCreationError` naming the ranks
-that had not finished; :class:`~homagg.ConfigError` (options differ) is raised unchanged.
+store barrier, bounded by the group timeout); both gloo groups connect within the group timeout
+from the start of creation (:mod:`._creation`: gloo's own waits are 5x its timeout).  Any failure
+while creating it (a peer died, the store or the switch went away) raises one
+:class:`~homagg.GroupCreationError` naming the ranks that had not finished;
+:class:`~homagg.ConfigError` (options differ) is raised unchanged.
 
 Errors: the first failed collective makes the group unusable (ranks may be out of step): later
 collectives raise that same typed error at once.  Collectives issued during backward (DDP) are
@@ -46,11 +48,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed import PrefixStore, ProcessGroup
+from torch.distributed import ProcessGroup
 
-from .._errors import ConfigError, GroupCreationError, InputError, TransportError
+from .._errors import InputError, TransportError
 from ._config import BackendConfig
-from ._switch_setup import SwitchLink, absent_ranks, await_ranks, open_switch, report_failure
+from ._creation import READY_KEY, arrive, creation_error, gloo_group
+from ._switch_setup import SwitchLink, await_ranks, open_switch
 from ._work import FifoWorker, HomaggWork, TaskResult
 
 __all__ = ["ProcessGroupHomagg", "CODEC_FLOAT_DTYPES", "CODEC_INT_DTYPES"]
@@ -60,7 +63,6 @@ CODEC_INT_DTYPES = frozenset({torch.int32, torch.int64})
 
 _LIVE: weakref.WeakSet[ProcessGroupHomagg] = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
-_READY_KEY = "homagg/ready"  # creation barrier: every rank registered with the switch
 _GLOO = ProcessGroup.BackendType.GLOO
 #: ops that run on the delegate gloo group, under the names torch's Python API and its C++
 #: trampoline use (a name the subclass does not define is called by the trampoline with the GIL held)
@@ -138,7 +140,7 @@ class ProcessGroupHomagg(ProcessGroup):
             self._connect(store, rank, size, timeout, group_id)
         except BaseException as exc:
             self._release()
-            error = _creation_error(exc, store, rank, size, group_id)
+            error = creation_error(exc, store, rank, size, group_id)
             if error is exc:
                 raise
             raise error from exc
@@ -146,17 +148,20 @@ class ProcessGroupHomagg(ProcessGroup):
             _LIVE.add(self)
 
     def _connect(self, store: dist.Store, rank: int, size: int, timeout: timedelta, group_id: str) -> None:
-        """Both gloo groups, the switch port, then the creation barrier (every rank registered)."""
-        self._delegate = dist.ProcessGroupGloo(PrefixStore("homagg/delegate/", store), rank, size, timeout)
+        """Both gloo groups (connected within the group timeout: see :mod:`._creation`), the switch
+        port, then the creation barrier (every rank registered)."""
+        deadline = time.monotonic() + timeout.total_seconds()
+        arrive(store, rank, size, deadline)
+        self._delegate = gloo_group(store, "homagg/delegate/", rank, size, timeout, deadline, "delegate")
         self._delegate_pg = ProcessGroup(rank, size)  # exact C++ type: no trampoline, calls drop the GIL
         devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
         for device in devices:
             self._delegate_pg._register_backend(torch.device(device), _GLOO, self._delegate)
             self._register_backend(torch.device(device), _GLOO, self._delegate)  # C++-internal callers
         self._delegate_pg._set_default_backend(_GLOO)
-        self._private = dist.ProcessGroupGloo(PrefixStore("homagg/private/", store), rank, size, timeout)
+        self._private = gloo_group(store, "homagg/private/", rank, size, timeout, deadline, "private")
         self._link = open_switch(self.config, store, rank, size, self._private, group_id, timeout.total_seconds())
-        await_ranks(store, _READY_KEY, rank, size, timeout.total_seconds(), "group creation (registration with the switch)")
+        await_ranks(store, READY_KEY, rank, size, timeout.total_seconds(), "group creation (registration with the switch)")
 
     # ------------------------------------------------------------------ identity
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -371,30 +376,6 @@ def _delegated(name: str) -> Any:
 
 for _name in DELEGATED_OPS:
     setattr(ProcessGroupHomagg, _name, _delegated(_name))
-
-
-def _creation_error(exc: BaseException, store: dist.Store, rank: int, size: int, group_id: str) -> BaseException:
-    """The one error a failed group creation raises on this rank (``exc`` itself for config errors).
-
-    Tells the ranks still waiting in the creation barrier (they fail at once, naming this rank).
-    """
-    if not isinstance(exc, Exception):
-        return exc  # KeyboardInterrupt, SystemExit
-    report_failure(store, _READY_KEY, rank, f"{type(exc).__name__}: {str(exc)[:300]}")
-    if isinstance(exc, ConfigError):
-        return exc
-    try:
-        missing = [r for r in absent_ranks(store, _READY_KEY, size) if r != rank]
-        where = ""
-    except RuntimeError:
-        missing = []
-        where = "; the rendezvous store is unreachable (the process hosting it may have died)"
-    named = tuple(missing or getattr(exc, "ranks", ()))  # rank 0 is among them if it never got there
-    who = f"; rank(s) {', '.join(map(str, named))} had not finished registering" if named else ""
-    text = str(exc).split("\nException raised from", 1)[0][:400]  # torch appends C++ frames
-    return GroupCreationError(
-        f"homagg: creating process group {group_id or '0'} failed on rank {rank} of {size}{who}{where}: "
-        f"{type(exc).__name__}: {text}", named)
 
 
 def shutdown_all() -> None:

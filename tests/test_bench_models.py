@@ -1,7 +1,8 @@
 """``homagg bench models``: the model zoo (shapes, densities), the record merge, and a CI smoke.
 
 The smoke runs ``homagg bench models --quick --bw 1000 --json OUT`` on rate-shaped namespaces
-(root) and asserts only that records are well formed and every lossless method was exact.
+(root) and asserts only that records are well formed, every lossless method was exact and every
+lossy one (PowerSGD, fp16, homagg-topk) is reported as not exact.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import pytest
 import torch
 
 from homagg.bench._models import RECORD_FIELDS, _merge
+from homagg.bench._models_out import markdown_table
+from homagg.bench._models_rank import COMPRESS, LOSSY, METHODS
 from homagg.bench._models_zoo import MODELS, density, spec
 from homagg.cli import main
 
@@ -121,6 +124,24 @@ def test_merge_takes_the_slowest_rank_and_checks_agreement() -> None:
     assert _merge([_line("gloo", [1.0] * 3, within=False)] * 2, 2, 1.0, 3, {})["exact"]  # gloo: ranks agree
 
 
+def test_compressed_homagg_is_lossy_by_design_and_the_table_says_so() -> None:
+    from homagg.compress import from_spec
+
+    assert METHODS["homagg-topk"] == ("homagg", False) and "homagg-topk" in LOSSY
+    assert from_spec(COMPRESS["homagg-topk"]) is not None  # a valid spec of homagg.compress
+    # ranks agree and the result is within the bound: still not exact (lossy by design)
+    topk = _merge([_line("homagg-topk", [1.0] * 3)] * 2, 2, 1000.0, 3, {}, 9000)
+    assert not topk["lossless"] and not topk["exact"] and topk["ranks_identical"]
+    assert topk["compress"] == "topk:0.01" and topk["mtu"] == 9000 and topk["scheme"] == "auto"
+    exact = _merge([_line("homagg", [1.0] * 3)] * 2, 2, 1000.0, 3, {}, 9000)
+    differ = _merge([_line("fp16", [1.0] * 3), _line("fp16", [1.0] * 3, "q")], 2, 1000.0, 3, {}, 9000)
+    table = markdown_table([exact, topk, differ]).splitlines()[2:]
+    rows = {line.split("|")[4].strip(): line for line in table}
+    assert "| no: lossy by design | n/a (ranks agree) |" in rows["homagg-topk (topk:0.01)"]
+    assert "| yes | yes |" in rows["homagg"]
+    assert "| no: lossy by design | n/a (ranks DIFFER) |" in rows["fp16"]
+
+
 # ------------------------------------------------------------------------------------------ CLI
 def test_without_root_it_says_what_it_needs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
@@ -138,14 +159,22 @@ def test_quick_smoke_on_shaped_links(tmp_path: Path) -> None:
     assert rc == 0
     records = json.loads(out.read_text())["records"]
     pairs = {(r["model"], r["method"]) for r in records}
-    assert pairs >= {(m, "gloo") for m in MODELS} | {(m, "homagg") for m in MODELS}
+    assert pairs >= {(m, meth) for m in MODELS for meth in ("gloo", "homagg", "homagg-topk")}
     assert ("ncf", "homagg-sparse") in pairs and ("vgg19", "homagg-sparse") not in pairs
     for r in records:
         for name, types in RECORD_FIELDS.items():
             assert isinstance(r[name], types), (r["model"], r["method"], name, r[name])
         assert r["world"] == 4 and r["bw_mbit"] == 1000.0 and r["iteration_s"] > 0 and 0 <= r["density"] <= 1
-        assert r["lossless"] == (r["method"] not in ("powersgd", "fp16"))
+        assert r["lossless"] == (r["method"] not in LOSSY)
         if r["lossless"]:
             assert r["exact"], (r["model"], r["method"])
+        else:
+            assert not r["exact"], (r["model"], r["method"])  # lossy by design: never reported exact
+    # compression in front of the exact codec: fewer bytes than the exact homagg run, ranks agree
+    by = {(r["model"], r["method"]): r for r in records}
+    for m in MODELS:
+        topk = by[(m, "homagg-topk")]
+        assert topk["compress"] == "topk:0.01" and topk["ranks_identical"], m
+        assert topk["bytes_per_worker"] < by[(m, "homagg")]["bytes_per_worker"], m
     assert "| model |" in (tmp_path / "o" / "table.md").read_text()
     assert _namespaces() - before == set()

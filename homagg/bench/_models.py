@@ -6,12 +6,15 @@ For every method, ``world`` rank processes are started, one per worker namespace
 few DDP iterations (:mod:`homagg.bench._models_rank` says exactly what is timed and checked).
 Methods: ``gloo`` (ring all_reduce), ``homagg`` (backend ``homagg``, scheme ``auto``, the switch
 emulator on the switch host), ``homagg-sparse`` (the same with ``nn.Embedding(sparse=True)``:
-only for models with embeddings), ``powersgd`` (torch's PowerSGD hook, rank 1, on gloo) and
-``fp16`` (torch's fp16 compression hook on gloo).  PowerSGD and fp16 are lossy by design
-(``lossless: false``, never ``exact``).
+only for models with embeddings), ``homagg-topk`` (the same as ``homagg`` with the group option
+``compress="topk:0.01"``: top-1% sparsification with error feedback in front of the exact codec),
+``powersgd`` (torch's PowerSGD hook, rank 1, on gloo) and ``fp16`` (torch's fp16 compression hook
+on gloo).  homagg-topk, PowerSGD and fp16 are lossy by design (``lossless: false``, never
+``exact``; ``ranks_identical`` still says whether every rank got the same result; ``compress``
+names the spec).
 
 Records (``records.json`` under ``"records"`` in the output folder, and ``--json``): ``model``,
-``method``, ``world``, ``bw_mbit`` (null on loopback), ``iteration_s`` (median over the timed
+``method``, ``world``, ``bw_mbit`` and ``mtu`` (null on loopback), ``iteration_s`` (median over the timed
 iterations of the slowest rank's time), ``compute_s`` (the same for the forward/backward/step
 under ``ddp.no_sync()``: no communication), ``comm_s`` (``iteration_s - compute_s``: the
 communication time *not hidden* behind backward), ``bytes_per_worker`` (per iteration; homagg:
@@ -21,7 +24,12 @@ bytes alone would allow), ``lossless``, ``exact``
 (lossless methods: ranks' parameters and bucket results identical bit for bit, and, for homagg,
 every bucket result within the codec's bound of the float64 sum), ``density`` (numel-weighted mean
 local gradient density over the DDP buckets) and ``bucket_density``, ``max_rel_err``,
-``load_avg``, ``machine``.  Also ``table.md`` and ``iteration.png`` (matplotlib, optional).
+``load_avg``, ``machine``; where the comm time goes: ``bucket_issued_s`` / ``bucket_done_s`` (per DDP
+bucket, the slowest rank's median time after the step began at which the hook was called / the
+result was ready; DDP's communication runs one bucket after the other), ``comm_counters`` (homagg:
+rank 0's codec and port counters over the timed iterations, e.g. ``scheme:compact`` = segments
+that scheme carried, ``rounds``, ``port:packets``) and ``retransmits`` (all ranks).  Also
+``table.md`` and ``iteration.png`` (matplotlib, optional).
 """
 
 from __future__ import annotations
@@ -35,10 +43,10 @@ from typing import Any
 
 from .._errors import ConfigError, HomAggError
 from ._allreduce import _machine, _names
-from ._models_rank import LOSSY, METHODS
+from ._models_rank import COMPRESS, LOSSY, METHODS
 from ._models_zoo import MODELS, spec
 from ._models_out import markdown_table, plot
-from ._netns import require_root
+from ._netns import MAX_MTU, MTU, require_root
 from ._ranks import RECORD_MARK, launch_ranks
 from ._report import load_range, out_folder, write_report
 
@@ -46,7 +54,8 @@ __all__ = ["configure_parser", "run", "RECORD_FIELDS"]
 
 #: every record's fields and their JSON types
 RECORD_FIELDS: dict[str, tuple[type, ...]] = {
-    "model": (str,), "method": (str,), "world": (int,), "bw_mbit": (float, type(None)), "iteration_s": (float,),
+    "model": (str,), "method": (str,), "compress": (str, type(None)), "world": (int,), "bw_mbit": (float, type(None)),
+    "mtu": (int, type(None)), "iteration_s": (float,),
     "compute_s": (float,), "comm_s": (float,), "bytes_per_worker": (float,), "speedup_vs_gloo": (float, type(None)),
     "bytes_ratio_vs_gloo": (float, type(None)), "lossless": (bool,), "exact": (bool,), "density": (float,), "bucket_density": (list,), "bucket_numel": (list,),
     "max_rel_err": (float,), "params": (int,), "iterations": (int,), "load_avg": (list,), "machine": (dict,),
@@ -61,6 +70,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help=f"comma list (default {','.join(METHODS)})")
     parser.add_argument("--world", type=int, default=4, help="worker hosts / ranks (default 4)")
     parser.add_argument("--bw", type=float, default=1000.0, help="link rate in Mbit/s (default 1000)")
+    parser.add_argument("--mtu", type=int, default=MTU,
+                        help=f"link MTU in bytes; a homagg datagram fills one frame (default {MTU}: jumbo "
+                             f"Ethernet; up to veth's {MAX_MTU}: fewer datagrams for the emulator and ranks)")
     parser.add_argument("--loopback", action="store_true",
                         help="no root: ranks on 127.0.0.1, links not shaped (bw_mbit null)")
     parser.add_argument("--iterations", type=int, default=None, help="timed iterations (default 5; quick 3)")
@@ -81,7 +93,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _merge(lines: list[dict[str, Any]], world: int, bw: float | None, iterations: int,
-           machine: dict[str, Any]) -> dict[str, Any]:
+           machine: dict[str, Any], mtu: int | None = None) -> dict[str, Any]:
     """One record from every rank's report of one (model, method) (``lines[r]``: rank r's)."""
     first = lines[0]
     method = first["method"]
@@ -94,7 +106,8 @@ def _merge(lines: list[dict[str, Any]], world: int, bw: float | None, iterations
     exact = lossless and same and (first["within_bound"] or METHODS[method][0] != "homagg")
     numel, dens = first["bucket_numel"], first["bucket_density"]
     return {"model": first["model"], "method": method, "scheme": "auto" if METHODS[method][0] == "homagg" else None,
-            "world": world, "bw_mbit": bw, "iteration_s": float(iteration_s), "compute_s": float(compute_s),
+            "compress": COMPRESS.get(method),
+            "world": world, "bw_mbit": bw, "mtu": mtu, "iteration_s": float(iteration_s), "compute_s": float(compute_s),
             "comm_s": float(max(0.0, iteration_s - compute_s)),
             "bytes_per_worker": float(max(ln["bytes_per_iteration"] for ln in lines)), "speedup_vs_gloo": None,
             "bytes_ratio_vs_gloo": None, "lossless": lossless, "exact": bool(exact), "ranks_identical": same,
@@ -103,7 +116,14 @@ def _merge(lines: list[dict[str, Any]], world: int, bw: float | None, iterations
             "bucket_density": dens, "bucket_numel": numel, "max_rel_err": float(first["max_rel_err"]),
             "max_abs_err": float(first["max_abs_err"]), "params": int(first["params"]), "batch": first["batch"],
             "summary": first["summary"], "iterations": iterations, "times_s": slowest, "compute_times_s": compute,
-            "load_avg": [round(v, 2) for v in first["load_avg"]], "machine": machine}
+            "load_avg": [round(v, 2) for v in first["load_avg"]], "machine": machine,
+            # per bucket (DDP's order), the slowest rank's median: hook called / result ready, s after the step began
+            "bucket_issued_s": [max(c) for c in zip(*(ln.get("bucket_issued_s", []) for ln in lines))],
+            "bucket_done_s": [max(c) for c in zip(*(ln.get("bucket_done_s", []) for ln in lines))],
+            # homagg, over the timed iterations: rank 0's codec/port counters (schemes per segment, rounds,
+            # packets...) and the retransmissions of all ranks
+            "comm_counters": first.get("comm_counters", {}),
+            "retransmits": sum(ln.get("comm_counters", {}).get("port:retransmits", 0) for ln in lines)}
 
 
 def _measure(args: argparse.Namespace, models: list[str], methods: list[str], machine: dict[str, Any]) -> list[dict[str, Any]]:
@@ -115,7 +135,7 @@ def _measure(args: argparse.Namespace, models: list[str], methods: list[str], ma
     units = [(m, ns) for m, ns in units if ns]
     records: list[dict[str, Any]] = []
     bw = None if args.loopback else float(args.bw)
-    net = None if args.loopback else StarNet(args.world, float(args.bw))
+    net = None if args.loopback else StarNet(args.world, float(args.bw), args.mtu)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         if net is not None:
@@ -142,7 +162,9 @@ def _measure(args: argparse.Namespace, models: list[str], methods: list[str], ma
                 if short:
                     raise HomAggError(f"bench models ({method}): rank {short[0]} reported {len(reports[short[0]])} "
                                       f"of {len(names)} models; its stdout: {outs[short[0]][-20:]}")
-                records += [_merge(list(lines), args.world, bw, args.iterations, machine) for lines in zip(*reports)]
+                mtu = None if net is None else args.mtu
+                records += [_merge(list(lines), args.world, bw, args.iterations, machine, mtu)
+                            for lines in zip(*reports)]
     finally:
         if net is not None:
             net.close()
@@ -172,8 +194,9 @@ def run(args: argparse.Namespace) -> int:
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise ConfigError(f"bench models: unknown method(s) {bad}; choose from {list(METHODS)}")
-    if args.world < 2 or args.iterations < 1 or args.warmup < 3 or not args.bw > 0:
-        raise ConfigError("bench models: need --world >= 2, --iterations >= 1, --warmup >= 3 and --bw > 0")
+    if args.world < 2 or args.iterations < 1 or args.warmup < 3 or not args.bw > 0 or not 1280 <= args.mtu <= MAX_MTU:
+        raise ConfigError("bench models: need --world >= 2, --iterations >= 1, --warmup >= 3, --bw > 0 and "
+                          f"1280 <= --mtu <= {MAX_MTU}")
     if not args.loopback:
         require_root("homagg bench models", "pass --loopback (unshaped 127.0.0.1, says so in the records)")
     if "gloo" not in methods:
@@ -182,7 +205,8 @@ def run(args: argparse.Namespace) -> int:
     machine = _machine()
     started = time.monotonic()
     records = _measure(args, models, methods, machine)
-    links = "loopback, not shaped" if args.loopback else f"tc tbf {args.bw:g} Mbit/s per direction; no delay or loss"
+    links = ("loopback, not shaped" if args.loopback
+             else f"tc tbf {args.bw:g} Mbit/s per direction, MTU {args.mtu}; no delay or loss")
     report = {"benchmark": "models", "quick": args.quick, "world": args.world, "links": links, "machine": machine,
               "iterations": args.iterations, "warmup": args.warmup, "wall_s": round(time.monotonic() - started, 1),
               "records": records}

@@ -8,15 +8,25 @@ from typing import Any
 
 __all__ = ["markdown_table", "plot", "METHOD_ORDER"]
 
-METHOD_ORDER = ("gloo", "homagg", "homagg-sparse", "powersgd", "fp16")
+METHOD_ORDER = ("gloo", "homagg", "homagg-sparse", "homagg-topk", "powersgd", "fp16")
 
 
 def _key(r: dict[str, Any]) -> tuple[str, int]:
     return r["model"], METHOD_ORDER.index(r["method"]) if r["method"] in METHOD_ORDER else 99
 
 
+def _exact(r: dict[str, Any]) -> str:
+    """The exact column: a lossless method's verdict; for a lossy one, only whether ranks agree."""
+    if r["lossless"]:
+        return "yes" if r["exact"] else "NO"
+    agree = r.get("ranks_identical")
+    return "n/a (ranks agree)" if agree else ("n/a (ranks DIFFER)" if agree is not None else "n/a")
+
+
 def markdown_table(records: Sequence[dict[str, Any]]) -> str:
-    """One row per (model, method), models in run order, methods gloo first."""
+    """One row per (model, method), models in run order, methods gloo first.  Lossy methods say so
+    in the ``lossless`` column, and their ``exact`` column is n/a: they are never exact by design
+    (``max rel err`` then shows how far their result is from the exact sum)."""
     order = {m: i for i, m in enumerate(dict.fromkeys(r["model"] for r in records))}
     rows = sorted(records, key=lambda r: (order[r["model"]], _key(r)[1]))
     out = ["| model | params | density | method | iteration ms | compute ms | comm ms | MB/worker/iter "
@@ -25,10 +35,11 @@ def markdown_table(records: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         ratio = "-" if r.get("bytes_ratio_vs_gloo") is None else f"{r['bytes_ratio_vs_gloo']:.1f}"
         speed = "-" if r["speedup_vs_gloo"] is None else f"{r['speedup_vs_gloo']:.2f}"
-        out.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['density']:.3g} | {r['method']} | "
+        method = r["method"] + (f" ({r['compress']})" if r.get("compress") else "")
+        out.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['density']:.3g} | {method} | "
                    f"{r['iteration_s'] * 1e3:.0f} | {r['compute_s'] * 1e3:.0f} | {r['comm_s'] * 1e3:.0f} | "
-                   f"{r['bytes_per_worker'] / 1e6:.3g} | {ratio} | {speed} | {'yes' if r['lossless'] else 'lossy'} | "
-                   f"{'yes' if r['exact'] else ('-' if not r['lossless'] else 'NO')} | {r['max_rel_err']:.1e} |")
+                   f"{r['bytes_per_worker'] / 1e6:.3g} | {ratio} | {speed} | "
+                   f"{'yes' if r['lossless'] else 'no: lossy by design'} | {_exact(r)} | {r['max_rel_err']:.1e} |")
     return "\n".join(out)
 
 

@@ -1,11 +1,14 @@
 """One rank of ``homagg bench models``: DDP training iterations of each model with one method.
 
 A rank joins the default group of the method's backend (``gloo``, or ``homagg`` with scheme
-``auto``) plus a side gloo group (barriers and the exactness reference), then for every model:
+``auto``; for ``homagg-topk`` also the group option ``compress``, :data:`COMPRESS`) plus a side
+gloo group (barriers and the exactness reference), then for every model:
 
-1. builds it with ``torch.manual_seed(0)`` (DDP broadcasts rank 0's parameters anyway), wraps it
-   in DDP (default 25 MB buckets) with a *recording* comm hook around the method's hook
-   (``allreduce_hook`` for gloo and homagg, ``fp16_compress_hook``, ``powerSGD_hook`` rank 1);
+1. builds it with ``torch.manual_seed(0)``, checks over the side group that every rank built the
+   same parameters (a digest) and wraps it in DDP (default 25 MB buckets) without DDP's initial
+   broadcast (``init_sync=False``: the LSTM's 220 MB from rank 0 take ~50 s at 100 Mbit/s), with
+   a *recording* comm hook around the method's hook (``allreduce_hook`` for gloo and homagg,
+   ``fp16_compress_hook``, ``powerSGD_hook`` rank 1);
 2. ``warmup`` iterations, all but the first (after which DDP rebuilds its buckets) recording every
    bucket's local gradient density (PowerSGD compresses
    from the third iteration on, so the timed ones are compressed);
@@ -42,16 +45,21 @@ import torch.distributed as dist
 from torch import nn
 
 from ._allreduce_rank import _blocks, _seed, check_result
+from .._errors import HomAggError
 from ._models_zoo import ModelSpec, density, spec
 from ._ranks import RECORD_MARK, die_with_launcher
 
-__all__ = ["METHODS", "LOSSY", "rank_main", "Recorder"]
+__all__ = ["METHODS", "LOSSY", "COMPRESS", "rank_main", "Recorder"]
 
 #: method -> (backend, sparse embeddings); a method's comm hook is chosen in :func:`_inner_hook`
 METHODS: dict[str, tuple[str, bool]] = {"gloo": ("gloo", False), "homagg": ("homagg", False),
-                                        "homagg-sparse": ("homagg", True), "powersgd": ("gloo", False),
-                                        "fp16": ("gloo", False)}
-LOSSY = frozenset({"powersgd", "fp16"})
+                                        "homagg-sparse": ("homagg", True), "homagg-topk": ("homagg", False),
+                                        "powersgd": ("gloo", False), "fp16": ("gloo", False)}
+#: homagg methods with gradient compression in front of the exact codec: the group's ``compress``
+#: option (:mod:`homagg.compress`; DDP's buckets only; top-k keeps exactly 1% per bucket, error feedback on)
+COMPRESS: dict[str, str] = {"homagg-topk": "topk:0.01"}
+#: lossy by design: never ``exact`` (their check is only that ranks agree)
+LOSSY = frozenset({"powersgd", "fp16", *COMPRESS})
 
 
 class _Bytes:
@@ -84,6 +92,10 @@ class Recorder:
         self.densities: dict[int, list[float]] = {}
         self.numels: dict[int, int] = {}
         self.kept: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        #: while ``timing``: per bucket, (issued, done) seconds after :attr:`step_start` (perf_counter)
+        self.timing = False
+        self.step_start = 0.0
+        self.spans: dict[int, list[tuple[float, float]]] = {}
 
     def note(self, index: int, buffer: torch.Tensor) -> None:
         self.densities.setdefault(index, []).append(density(buffer))
@@ -95,10 +107,20 @@ def _hook(state: Recorder, bucket: dist.GradBucket) -> torch.futures.Future[torc
     if state.record:
         state.note(index, bucket.buffer())
     if not state.keep:
+        issued = time.perf_counter()
         fut = state.inner(state.inner_state, bucket)
         if state.serial:
             fut.wait()  # bounded by the group's timeout
-        return fut
+        if not state.timing:
+            return fut
+
+        def span(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            out = f.value()
+            state.spans.setdefault(index, []).append((issued - state.step_start,
+                                                      time.perf_counter() - state.step_start))
+            return out
+
+        return fut.then(span)
     # the hooks divide by W in place before reducing: keep the divided input, as the codec saw it
     world = dist.get_world_size()
     before = bucket.buffer().clone() / world
@@ -134,6 +156,31 @@ def _inner_hook(method: str, group: Any) -> tuple[Any, Any]:
     return default_hooks.allreduce_hook, group
 
 
+def _comm_counters(pg: Any) -> dict[str, int]:
+    """homagg groups: the codec's counters (``scheme:<name>`` per tensor, rounds, redos...) and the
+    switch port's (packets, retransmits...); empty for gloo.  Differences give one phase's."""
+    stats = getattr(pg, "stats", None)
+    if stats is None:
+        return {}
+    out = {"calls": stats.calls, "rounds": stats.rounds, "segments": stats.segments, "redos": stats.redos,
+           "redone": stats.redone, "repaired": stats.repaired}
+    out.update({f"scheme:{k}": v for k, v in stats.schemes.items()})
+    out.update({f"bytes:{k}": v for k, v in stats.bytes_per_stream.items()})
+    port = getattr(getattr(pg, "switch", None), "port", None)
+    out.update({f"port:{k}": v for k, v in getattr(port, "stats", {}).items()
+                if k in ("packets", "retransmits", "fast_retransmits", "spurious_retransmits", "results", "ignored")})
+    return out
+
+
+def _same_start(model: nn.Module, side: Any) -> None:
+    """Raise unless every rank's (seeded) parameters equal rank 0's: digests compared over ``side``."""
+    mine = int.from_bytes(bytes.fromhex(_digest(list(model.parameters())))[:7], "little")
+    both = torch.tensor([mine, -mine], dtype=torch.int64)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=side)  # max and -min of the digests
+    if int(both[0]) != mine or -int(both[1]) != mine:
+        raise HomAggError("bench models: ranks built different initial parameters (seeded build not deterministic)")
+
+
 def _digest(tensors: list[torch.Tensor]) -> str:
     h = hashlib.blake2b(digest_size=16)
     for t in tensors:
@@ -165,9 +212,9 @@ def _check(rec: Recorder, side: Any, world: int, block: int) -> dict[str, Any]:
 
 
 def _iteration(ddp: nn.Module, model_spec: ModelSpec, opt: torch.optim.Optimizer, gen_seed: int,
-               batch: int) -> float:
+               batch: int, rec: Recorder) -> float:
     data = model_spec.batch(torch.Generator().manual_seed(gen_seed), batch)
-    t0 = time.perf_counter()
+    t0 = rec.step_start = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     model_spec.loss(ddp, data).backward()
     opt.step()
@@ -183,7 +230,8 @@ def run_model(name: str, method: str, args: argparse.Namespace, pg: Any, side: A
     batch = args.batch or model_spec.batch_size
     torch.manual_seed(0)
     model = model_spec.build(METHODS[method][1])
-    ddp = DistributedDataParallel(model)  # the models have no buffers
+    _same_start(model, side)
+    ddp = DistributedDataParallel(model, init_sync=False)  # the models have no buffers
     rec = Recorder(*_inner_hook(method, None))
     rec.serial = method == "powersgd"
     ddp.register_comm_hook(rec, _hook)
@@ -191,7 +239,7 @@ def run_model(name: str, method: str, args: argparse.Namespace, pg: Any, side: A
     seeds = iter(range(10**6))
 
     def step() -> float:
-        return _iteration(ddp, model_spec, opt, _seed(args.seed, name, rank, next(seeds)), batch)
+        return _iteration(ddp, model_spec, opt, _seed(args.seed, name, rank, next(seeds)), batch, rec)
 
     for i in range(args.warmup):
         rec.record = i > 0  # DDP rebuilds its buckets after the first iteration: record the final ones
@@ -201,12 +249,16 @@ def run_model(name: str, method: str, args: argparse.Namespace, pg: Any, side: A
     counter = _Bytes()
     stats = getattr(pg, "stats", None)
     sent0 = int(stats.bytes_sent) if stats is not None else 0
+    before = _comm_counters(pg)
     dist.barrier(group=side)
+    rec.timing = True
     try:
         times = [step() for _ in range(args.iterations)]
     finally:
         counter.close()
+        rec.timing = False
     sent = (int(stats.bytes_sent) - sent0) if stats is not None else None
+    comm = {k: v - before.get(k, 0) for k, v in _comm_counters(pg).items()}
     print(f"{name}: timed iterations done", flush=True)
     saved = [p.detach().clone() for p in model.parameters()]
     compute = []
@@ -232,6 +284,10 @@ def run_model(name: str, method: str, args: argparse.Namespace, pg: Any, side: A
         "bucket_numel": [rec.numels[i] for i in sorted(rec.numels)],
         "bucket_density": [statistics.fmean(rec.densities[i]) for i in sorted(rec.densities)],
         "param_digest": _digest(list(model.parameters())), "load_avg": list(os.getloadavg()), **check,
+        # per bucket, medians over the timed iterations: hook called / result ready (s after the step began)
+        "bucket_issued_s": [statistics.median(a for a, _ in rec.spans[i]) for i in sorted(rec.spans)],
+        "bucket_done_s": [statistics.median(b for _, b in rec.spans[i]) for i in sorted(rec.spans)],
+        "comm_counters": comm,
     }
     del ddp, model, opt
     return report
@@ -246,7 +302,9 @@ def rank_main(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     method = args._method
     backend = METHODS[method][0]
-    options = {"scheme": args._scheme} if backend == "homagg" else None
+    options: dict[str, Any] | None = None
+    if backend == "homagg":
+        options = {"scheme": args._scheme, **({"compress": COMPRESS[method]} if method in COMPRESS else {})}
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout), pg_options=options)
     try:
         pg = dist.distributed_c10d._get_default_group()

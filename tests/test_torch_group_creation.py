@@ -94,8 +94,9 @@ def test_new_group_peer_gives_up_inside_the_gloo_connect() -> None:
 
 
 def test_gloo_groups_wait_the_group_timeout_in_their_ops() -> None:
-    """They connect with a twelfth of the creation deadline, then get the group timeout back: a
-    rank joining a barrier (private gloo group) and a reduce (delegate) 2.5 s late is waited for."""
+    """They connect in a watched thread, with the group timeout (gloo keeps the constructor's
+    timeout for its pairs' receives): a rank joining a barrier (private gloo group) and a reduce
+    (delegate) 2.5 s late is waited for."""
     results = run("new_group", "late_ops", group_timeout_s=12.0)
     for res in results:
         assert res["outcome"] == "ok", res

@@ -37,7 +37,7 @@ from .transport import SwitchPort
 
 __all__ = ["DEPTH", "segment_length", "allreduce_segments"]
 
-DEPTH = 2  #: segments in flight: one on the wire while the caller encodes/decodes another
+DEPTH = 3  #: segments in flight: rounds of two on the wire (or at the switch) while the caller encodes/decodes a third
 
 
 def segment_length(numel: int, cfg: CodecConfig) -> int:

@@ -162,7 +162,14 @@ def dequantize(idx: torch.Tensor, sums: torch.Tensor, exponents: torch.Tensor, b
     e = exponents.to(torch.int64)
     # A block whose exponent is EMPTY can only hold zero sums; keep its shift in range.
     shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - p)
-    return _scale_by_block(sums.to(torch.float64), _block_of(idx, block_size), shift).to(dtype)
+    blk = _block_of(idx, block_size)
+    if dtype == torch.float32 and bool(((shift >= -126) & (shift <= 96)).all()):
+        # Every nonzero result |sum| * 2**shift (1 <= |sum| < 2**31) is a normal float32: rounding
+        # the sum to float32 once and scaling by an exact power of two gives the same float32 as
+        # scaling exactly in float64 and rounding once (round-to-nearest-even commutes with 2**k).
+        factor = ((shift.to(torch.int32) + 127) << 23).view(torch.float32)
+        return sums.to(torch.float32) * factor.index_select(0, blk)
+    return _scale_by_block(sums.to(torch.float64), blk, shift).to(dtype)
 
 
 def to_limbs(values: torch.Tensor, limbs: int) -> torch.Tensor:

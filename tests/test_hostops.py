@@ -148,3 +148,20 @@ def test_bitmap_of_sets_exactly_the_bits_of_the_positions(seed, n, density, nump
     assert words.dtype == torch.int32 and words.numel() == -(-n // 32)
     bits = (words.to(torch.int64).unsqueeze(1) >> torch.arange(32)) & 1  # bit i % 32 of word i // 32
     assert torch.equal(torch.nonzero(bits.reshape(-1)).squeeze(1), torch.sort(pos).values)
+
+
+@pytest.mark.parametrize("shift", [-127, -126, -60, 0, 50, 96, 97])
+def test_float32_dequantize_equals_rounding_the_exact_float64_product(shift) -> None:
+    """float32 results take a float32 path when every product stays normal (shifts -126..96):
+    sums that need rounding (more than 24 significant bits, ties included) and shifts at and just
+    past the edges give the float32 of the exact product either way."""
+    world, block = 4, 8
+    p = _fixedpoint.precision_bits(world)
+    sums = torch.tensor([0, 1, -1, 2**24 + 1, 2**24 + 3, -(2**25 + 2), 2**31 - 1, -(2**31 - 1), 123456789,
+                         2**26 + 2**2, 2**26 + 6, -7], dtype=torch.int32)
+    exps = torch.tensor([shift + p, _fixedpoint.EMPTY_EXPONENT], dtype=torch.int32)
+    idx = torch.arange(sums.numel())  # all in block 0 (block size 8 -> positions 8.. in block 1)
+    idx[idx >= block] = idx[idx >= block] - block  # keep them in block 0
+    got = _fixedpoint.dequantize(idx, sums, exps, block, world, torch.float32)
+    want = _scale_elementwise(sums.to(torch.float64), torch.full((sums.numel(),), shift, dtype=torch.int64))
+    assert torch.equal(got, want.to(torch.float32))

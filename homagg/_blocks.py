@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import torch
 
 from ._errors import NonFiniteError
-from ._fixedpoint import EMPTY_EXPONENT, precision_bits
+from ._fixedpoint import EMPTY_EXPONENT, _pow2, precision_bits
 
 __all__ = ["exponents", "quantize", "dequantize_into"]
 
@@ -53,13 +53,6 @@ def exponents(flat: torch.Tensor, block_size: int) -> torch.Tensor:
         raise NonFiniteError(f"input holds {bad} non-finite value(s); nothing was sent")
     e = torch.frexp(peak.to(torch.float64)).exponent.to(torch.int32)
     return torch.where(peak == 0, torch.full_like(e, EMPTY_EXPONENT), e)
-
-
-def _pow2(shift: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Exact 2**shift in ``dtype`` (float32: shift in [-126, 127]; float64: [-1022, 1023])."""
-    if dtype == torch.float64:
-        return ((shift.to(torch.int64) + 1023) << 52).view(torch.float64)
-    return ((shift.to(torch.int32) + 127) << 23).view(torch.float32)
 
 
 def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size: int,

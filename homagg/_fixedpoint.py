@@ -78,9 +78,12 @@ def check_finite(values: torch.Tensor) -> None:
         raise NonFiniteError(f"input holds {bad.numel()} non-finite value(s) (e.g. {bad[0].item()}); nothing was sent")
 
 
-def _pow2(shift: torch.Tensor) -> torch.Tensor:
-    """Exact float64 2**shift for int64 shift in [-1022, 1023], built from the exponent bits."""
-    return ((shift + 1023) << 52).view(torch.float64)
+def _pow2(shift: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Exact ``2**shift`` in ``dtype`` built from the exponent bits (float64: integer shift in
+    [-1022, 1023]; float32: [-126, 127])."""
+    if dtype == torch.float64:
+        return ((shift.to(torch.int64) + 1023) << 52).view(torch.float64)
+    return ((shift.to(torch.int32) + 127) << 23).view(torch.float32)
 
 
 def block_exponents(idx: torch.Tensor, values: torch.Tensor, numel: int, block_size: int) -> torch.Tensor:
@@ -167,8 +170,7 @@ def dequantize(idx: torch.Tensor, sums: torch.Tensor, exponents: torch.Tensor, b
         # Every nonzero result |sum| * 2**shift (1 <= |sum| < 2**31) is a normal float32: rounding
         # the sum to float32 once and scaling by an exact power of two gives the same float32 as
         # scaling exactly in float64 and rounding once (round-to-nearest-even commutes with 2**k).
-        factor = ((shift.to(torch.int32) + 127) << 23).view(torch.float32)
-        return sums.to(torch.float32) * factor.index_select(0, blk)
+        return sums.to(torch.float32) * _pow2(shift, torch.float32).index_select(0, blk)
     return _scale_by_block(sums.to(torch.float64), blk, shift).to(dtype)
 
 

@@ -201,16 +201,9 @@ class Worker:
         out = torch.zeros((positions.numel(), self.limbs), dtype=torch.int32, device=self.device)
         idx = self.idx
         if idx.numel() and positions.numel():
-            slot = _hostops.sorted_slots(positions, idx)
-            slot_c = slot.clamp(max=positions.numel() - 1)
-            hit = _hostops.gather(positions, slot_c) == idx
-            if bool(hit.all()):  # the usual case: positions cover the local nonzeros (a union)
-                if self.limbs == 1:
-                    _hostops.scatter_(out.view(-1), slot, self.grid.view(-1))
-                else:
-                    out[slot] = self.grid
-            else:
-                out[slot_c[hit]] = self.grid[hit]
+            slot = _hostops.sorted_slots(positions, idx).clamp_(max=positions.numel() - 1)
+            hit = _hostops.gather(positions, slot) == idx
+            out[slot[hit]] = self.grid[hit]
         return out
 
     def union_values(self, words: torch.Tensor, union_size: int) -> torch.Tensor:

@@ -132,13 +132,16 @@ class Compressor:
         stats = stats if stats is not None else WorkerStats()
         if not self.takes(tensor):
             return allreduce(tensor, port, scheme=scheme, stats=stats, inplace=True, history=history, **codec)
+        # The codec's history must be looked up alike on every rank: a caller's key is, a storage
+        # ordinal (key_for) need not be (after DDP's bucket rebuild one rank's allocator may hand an
+        # old address back, another's not); then the slot is (numel, dtype) alone, in call order.
+        history_key = ("homagg.compress", key) if key is not None else ("homagg.compress",)
         if key is None:
             key = self.key_for(tensor)
         v, y = self.compress(tensor, key, Context(port.rank, port.world_size))
         if self.quantizer is None:
             own = y
-            total = allreduce(y, port, scheme=scheme, stats=stats, history=history,
-                              key=("homagg.compress", key), **codec)
+            total = allreduce(y, port, scheme=scheme, stats=stats, history=history, key=history_key, **codec)
         else:
             stats.calls += 1
             gen = quantized_protocol(y, self.quantizer, port.rank, port.world_size, key, stats, history)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["nonzero_positions", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "scatter_", "gather"]
+__all__ = ["nonzero_positions", "nonzeros", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "scatter_", "gather"]
 
 _CHUNK = 1 << 20  #: elements per chunk of the nonzero scan (its bool buffer stays in cache)
 
@@ -35,14 +35,22 @@ def _host(t: torch.Tensor) -> bool:
 def nonzero_positions(flat: torch.Tensor) -> torch.Tensor:
     """Sorted int64 positions of the nonzero elements of 1-D ``flat`` (``-0.0`` counts as zero,
     NaN as nonzero), as ``torch.nonzero(flat).squeeze(1)``."""
+    return nonzeros(flat)[0]
+
+
+def nonzeros(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(positions, values)`` of the nonzero elements of 1-D ``flat``: the positions as
+    :func:`nonzero_positions`, the values ``flat[positions]`` (``flat``'s dtype).  On CPU one pass:
+    each chunk's values are gathered while the chunk is still in cache."""
     if not _host(flat) or flat.dim() != 1 or flat.dtype not in _DIRECT and flat.dtype != torch.bfloat16:
-        return torch.nonzero(flat).squeeze(1)
+        idx = torch.nonzero(flat).squeeze(1)
+        return idx, flat[idx]
     bf16 = flat.dtype == torch.bfloat16  # numpy has no bfloat16: its bits without the sign bit
     a = flat.view(torch.int16).numpy() if bf16 else flat.numpy()
     n = a.size
     mask = np.empty(min(n, _CHUNK), dtype=bool)
     bits = np.empty(min(n, _CHUNK), dtype=np.int16) if bf16 else None
-    parts = []
+    parts, vals = [], []
     for off in range(0, n, _CHUNK):
         chunk = a[off:off + _CHUNK]
         m = mask[: chunk.size]
@@ -53,10 +61,13 @@ def nonzero_positions(flat: torch.Tensor) -> torch.Tensor:
             np.not_equal(chunk, 0, out=m)
         found = np.flatnonzero(m)
         if found.size:
+            vals.append(chunk.take(found))
             found += off
             parts.append(found)
     out = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-    return torch.from_numpy(out.astype(np.int64, copy=False))
+    got = np.concatenate(vals) if vals else np.empty(0, dtype=a.dtype)
+    values = torch.from_numpy(got)
+    return torch.from_numpy(out.astype(np.int64, copy=False)), values.view(torch.bfloat16) if bf16 else values
 
 
 def bitmap_of(idx: torch.Tensor, numel: int) -> torch.Tensor:

@@ -76,16 +76,16 @@ class Worker:
         """Sorted flat positions of the local nonzeros (computed on first use)."""
         if self._idx is None:
             assert self.flat is not None
-            self._idx = _hostops.nonzero_positions(self.flat)
+            self._idx, raw = _hostops.nonzeros(self.flat)  # the values come with the scan (in cache)
+            self._raw = raw.to(torch.float64) if self.is_float else raw
         return self._idx
 
     @property
     def raw(self) -> torch.Tensor:
         """Values at :attr:`idx` (float64 for floats)."""
         if self._raw is None:
-            assert self.flat is not None
-            raw = _hostops.gather(self.flat, self.idx)
-            self._raw = raw.to(torch.float64) if self.is_float else raw
+            self.idx  # noqa: B018 - the scan that finds the positions also gathers the values
+        assert self._raw is not None
         return self._raw
 
     @property

@@ -35,15 +35,23 @@ def test_nonzero_positions_equal_torch_nonzero(seed, n, density, dtype, chunk) -
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_hostops, "_CHUNK", chunk)  # several chunks, a ragged last one
         got = _hostops.nonzero_positions(x)
+        pos, values = _hostops.nonzeros(x)
     want = torch.nonzero(x).squeeze(1)
     assert got.dtype == torch.int64
     assert torch.equal(got, want)
+    assert torch.equal(pos, want)
+    assert values.dtype == x.dtype and torch.equal(values, x[want])  # the values gathered in the scan
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_nonzero_positions_count_nan_and_inf_but_not_negative_zero(dtype) -> None:
     x = torch.tensor([0.0, -0.0, float("nan"), 1.0, float("-inf"), -0.0, 2.0**-20], dtype=dtype)
     assert _hostops.nonzero_positions(x).tolist() == [2, 3, 4, 6] == torch.nonzero(x).squeeze(1).tolist()
+    pos, values = _hostops.nonzeros(x)
+    assert pos.tolist() == [2, 3, 4, 6]
+    want = x[pos]
+    assert torch.equal(values.isnan(), want.isnan())
+    assert torch.equal(values.nan_to_num(), want.nan_to_num())
 
 
 def test_nonzero_positions_of_a_view_and_of_a_strided_tensor() -> None:

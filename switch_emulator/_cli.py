@@ -49,8 +49,13 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("udp", "raw"), default="udp", help="udp socket, or raw AF_PACKET ports")
     p.add_argument("--iface", action="append", default=[], help="raw backend: interface to serve (repeatable)")
     p.add_argument("--slots", type=int, default=SWITCH_POOL_SLOTS, help=f"slot pool size (default {SWITCH_POOL_SLOTS})")
-    p.add_argument("--no-multicast", action="store_true",
-                   help="udp backend: never send results to a job's multicast group (default: on loopback)")
+    mc = p.add_mutually_exclusive_group()
+    mc.add_argument("--no-multicast", action="store_true",
+                    help="udp backend: never send results to a job's multicast group (default: on loopback)")
+    mc.add_argument("--multicast", action="store_true",
+                    help="udp backend: send results to a job's multicast group (TTL 1, out of the interface "
+                         "of the --listen address) on any IPv4 address, not only loopback; workers that do "
+                         "not receive the group's probe still get unicast results")
     p.add_argument("--jobs", help="JSON/TOML file of jobs to admit at start")
     p.add_argument("--drop", type=float, default=0.0, help="fault injection: drop rate (ingress and egress)")
     p.add_argument("--duplicate", type=float, default=0.0, help="fault injection: duplicate rate")
@@ -123,7 +128,7 @@ def _serve(args: argparse.Namespace, data: tuple[str, int], control: tuple[str, 
     if args.backend == "udp":
         from .io_udp import UdpBackend
 
-        backend: object = UdpBackend(data, multicast=not args.no_multicast)
+        backend: object = UdpBackend(data, multicast=not args.no_multicast, multicast_any_address=args.multicast)
     else:
         from .io_raw import RawBackend
 
@@ -145,7 +150,8 @@ def _serve(args: argparse.Namespace, data: tuple[str, int], control: tuple[str, 
     if args.watch_stdin:  # the embedded default: no orphan emulator after its owner crashed
         threading.Thread(target=_stop_at_eof, args=(backend,), name="homagg-switch-parent", daemon=True).start()
     info = {"data": list(backend.addr), "control": list(ctl.addr), "backend": args.backend,  # type: ignore[attr-defined]
-            "secret_file": None if secret_path is None else str(secret_path)}
+            "secret_file": None if secret_path is None else str(secret_path),
+            "multicast": bool(getattr(backend, "multicast", False))}  # results to job groups (udp)
     if args.ready_json:
         print(json.dumps(info), flush=True)
     if not args.quiet:

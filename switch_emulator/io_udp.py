@@ -4,7 +4,11 @@ The loop drains the socket without blocking (no poll per datagram while busy), f
 injector's held datagram and runs housekeeping when idle, and blocks in ``select`` with a short
 timeout otherwise.  Receive/send buffers are enlarged (``SO_RCVBUFFORCE`` when permitted).
 Bound to a loopback address, the backend can also send results to a job's IP multicast group
-(:mod:`homagg.transport._sockets`); ``multicast=False`` turns that off.
+(:mod:`homagg.transport._sockets`); ``multicast=False`` turns that off, ``multicast_any_address``
+turns it on for any IPv4 address it is bound to (the groups go out of that address's interface,
+TTL 1: e.g. a bridge whose ports are the worker links).  Invariant: ``multicast`` is True only if
+the socket can send to groups; ``switch.group_for`` is set accordingly, so a worker is only
+offered a group that this backend sends to.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import socket
 import threading
 import time
 
+from homagg._errors import ConfigError
 from homagg.transport._sockets import BUFFER_BYTES, enable_multicast_send, multicast_group, set_buffers
 
 from .switch import Switch
@@ -26,13 +31,25 @@ class UdpBackend:
 
     name = "udp"
 
-    def __init__(self, listen: tuple[str, int] = ("127.0.0.1", 0), multicast: bool = True) -> None:
+    def __init__(self, listen: tuple[str, int] = ("127.0.0.1", 0), multicast: bool = True,
+                 multicast_any_address: bool = False) -> None:
+        """``multicast``: send results to groups where possible (loopback); with
+        ``multicast_any_address`` also on a non-loopback address, and raise :class:`ConfigError`
+        where that is impossible (IPv6, the wildcard address) rather than fall back silently."""
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        set_buffers(self.sock)
-        self.sock.bind(listen)
-        self.sock.setblocking(False)
-        self.addr: tuple[str, int] = self.sock.getsockname()
-        self.multicast = multicast and enable_multicast_send(self.sock, self.addr[0])
+        try:
+            set_buffers(self.sock)
+            self.sock.bind(listen)
+            self.sock.setblocking(False)
+            self.addr: tuple[str, int] = self.sock.getsockname()
+            self.multicast = multicast and enable_multicast_send(self.sock, self.addr[0],
+                                                                 allow_any=multicast_any_address)
+            if multicast and multicast_any_address and not self.multicast:
+                raise ConfigError(f"the emulator cannot send results to multicast groups from {self.addr[0]} "
+                                  "(needs one IPv4 address of an interface, not the wildcard)")
+        except BaseException:
+            self.sock.close()
+            raise
         self._stop = threading.Event()
         self._sendto = self.sock.sendto
 

@@ -44,7 +44,7 @@ def test_quick_sweep_on_shaped_links(tmp_path: Path) -> None:
         for name, types in RECORD_FIELDS.items():
             assert isinstance(r[name], types), (name, r[name])
         assert r["method"] in ("gloo-ring", "gloo-sparse", "homagg") and r["bw_mbit"] == 1000.0
-        assert r["mtu"] == 9000
+        assert r["mtu"] == 9000 and r["replication"] == "multicast"  # the defaults
         assert r["exact"] is True
         ring = 2 * (r["world"] - 1) / r["world"] * 4 * r["numel"]
         assert r["physical_limit_speedup"] == pytest.approx(ring / r["bytes_per_worker"])
@@ -56,7 +56,8 @@ def test_quick_sweep_on_shaped_links(tmp_path: Path) -> None:
     sparse = [r for r in records if r["method"] == "homagg" and r["scheme"] == "auto" and r["density"] == 0.01]
     assert sparse and sparse[0]["bytes_per_worker"] < 2 * 4 * 1_000_000 / 2  # below the ring's bytes
     assert (tmp_path / "o" / "speedup-w2.png").stat().st_size > 0
-    assert "| limit x |" in (tmp_path / "o" / "table.md").read_text()
+    table = (tmp_path / "o" / "table.md").read_text()
+    assert "| limit x |" in table and "MTU 9000, results by multicast" in table
     assert _namespaces() - before == set()  # every namespace deleted again
 
 

@@ -14,7 +14,8 @@ on gloo).  homagg-topk, PowerSGD and fp16 are lossy by design (``lossless: false
 names the spec).
 
 Records (``records.json`` under ``"records"`` in the output folder, and ``--json``): ``model``,
-``method``, ``world``, ``bw_mbit`` and ``mtu`` (null on loopback), ``iteration_s`` (median over the timed
+``method``, ``world``, ``bw_mbit``, ``mtu`` and ``replication`` (how the emulator sends results:
+``multicast`` or ``unicast``, see ``homagg bench net``; all three null on loopback), ``iteration_s`` (median over the timed
 iterations of the slowest rank's time), ``compute_s`` (the same for the forward/backward/step
 under ``ddp.no_sync()``: no communication), ``comm_s`` (``iteration_s - compute_s``: the
 communication time *not hidden* behind backward), ``bytes_per_worker`` (per iteration; homagg:
@@ -46,6 +47,7 @@ from ._allreduce import _machine, _names
 from ._models_rank import COMPRESS, LOSSY, METHODS
 from ._models_zoo import MODELS, spec
 from ._models_out import markdown_table, plot
+from ._net import add_replication_argument
 from ._netns import MAX_MTU, MTU, require_root
 from ._ranks import RECORD_MARK, launch_ranks
 from ._report import load_range, out_folder, write_report
@@ -55,7 +57,7 @@ __all__ = ["configure_parser", "run", "RECORD_FIELDS"]
 #: every record's fields and their JSON types
 RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "model": (str,), "method": (str,), "compress": (str, type(None)), "world": (int,), "bw_mbit": (float, type(None)),
-    "mtu": (int, type(None)), "iteration_s": (float,),
+    "mtu": (int, type(None)), "replication": (str, type(None)), "iteration_s": (float,),
     "compute_s": (float,), "comm_s": (float,), "bytes_per_worker": (float,), "speedup_vs_gloo": (float, type(None)),
     "bytes_ratio_vs_gloo": (float, type(None)), "lossless": (bool,), "exact": (bool,), "density": (float,), "bucket_density": (list,), "bucket_numel": (list,),
     "max_rel_err": (float,), "params": (int,), "iterations": (int,), "load_avg": (list,), "machine": (dict,),
@@ -73,6 +75,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mtu", type=int, default=MTU,
                         help=f"link MTU in bytes; a homagg datagram fills one frame (default {MTU}: jumbo "
                              f"Ethernet; up to veth's {MAX_MTU}: fewer datagrams for the emulator and ranks)")
+    add_replication_argument(parser)
     parser.add_argument("--loopback", action="store_true",
                         help="no root: ranks on 127.0.0.1, links not shaped (bw_mbit null)")
     parser.add_argument("--iterations", type=int, default=None, help="timed iterations (default 5; quick 3)")
@@ -93,7 +96,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _merge(lines: list[dict[str, Any]], world: int, bw: float | None, iterations: int,
-           machine: dict[str, Any], mtu: int | None = None) -> dict[str, Any]:
+           machine: dict[str, Any], mtu: int | None = None, replication: str | None = None) -> dict[str, Any]:
     """One record from every rank's report of one (model, method) (``lines[r]``: rank r's)."""
     first = lines[0]
     method = first["method"]
@@ -107,7 +110,7 @@ def _merge(lines: list[dict[str, Any]], world: int, bw: float | None, iterations
     numel, dens = first["bucket_numel"], first["bucket_density"]
     return {"model": first["model"], "method": method, "scheme": "auto" if METHODS[method][0] == "homagg" else None,
             "compress": COMPRESS.get(method),
-            "world": world, "bw_mbit": bw, "mtu": mtu, "iteration_s": float(iteration_s), "compute_s": float(compute_s),
+            "world": world, "bw_mbit": bw, "mtu": mtu, "replication": replication, "iteration_s": float(iteration_s), "compute_s": float(compute_s),
             "comm_s": float(max(0.0, iteration_s - compute_s)),
             "bytes_per_worker": float(max(ln["bytes_per_iteration"] for ln in lines)), "speedup_vs_gloo": None,
             "bytes_ratio_vs_gloo": None, "lossless": lossless, "exact": bool(exact), "ranks_identical": same,
@@ -135,7 +138,7 @@ def _measure(args: argparse.Namespace, models: list[str], methods: list[str], ma
     units = [(m, ns) for m, ns in units if ns]
     records: list[dict[str, Any]] = []
     bw = None if args.loopback else float(args.bw)
-    net = None if args.loopback else StarNet(args.world, float(args.bw), args.mtu)
+    net = None if args.loopback else StarNet(args.world, float(args.bw), args.mtu, args.replication)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         if net is not None:
@@ -162,8 +165,8 @@ def _measure(args: argparse.Namespace, models: list[str], methods: list[str], ma
                 if short:
                     raise HomAggError(f"bench models ({method}): rank {short[0]} reported {len(reports[short[0]])} "
                                       f"of {len(names)} models; its stdout: {outs[short[0]][-20:]}")
-                mtu = None if net is None else args.mtu
-                records += [_merge(list(lines), args.world, bw, args.iterations, machine, mtu)
+                mtu, replication = (None, None) if net is None else (args.mtu, args.replication)
+                records += [_merge(list(lines), args.world, bw, args.iterations, machine, mtu, replication)
                             for lines in zip(*reports)]
     finally:
         if net is not None:
@@ -206,7 +209,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     records = _measure(args, models, methods, machine)
     links = ("loopback, not shaped" if args.loopback
-             else f"tc tbf {args.bw:g} Mbit/s per direction, MTU {args.mtu}; no delay or loss")
+             else f"tc tbf {args.bw:g} Mbit/s per direction, MTU {args.mtu}; no delay or loss; "
+                  f"results by {args.replication}")
     report = {"benchmark": "models", "quick": args.quick, "world": args.world, "links": links, "machine": machine,
               "iterations": args.iterations, "warmup": args.warmup, "wall_s": round(time.monotonic() - started, 1),
               "records": records}

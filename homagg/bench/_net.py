@@ -10,7 +10,10 @@ check), started inside the namespaces.
 
 Each record adds to ``homagg bench allreduce``'s: ``method`` (``gloo-ring`` / ``gloo-sparse`` /
 ``homagg``), ``bw_mbit``, ``mtu`` (the links' MTU; a homagg datagram fills one frame, so a larger
-MTU means fewer datagrams for the emulator and the ranks to handle), ``physical_limit_speedup``
+MTU means fewer datagrams for the emulator and the ranks to handle), ``replication``
+(``multicast``: the emulator sends each result once to the job's group and the switch host's
+bridge copies it to every link, as a switch's multicast group does; ``unicast``: one send per
+worker; the links carry the same bytes either way), ``physical_limit_speedup``
 (ring bytes per worker / this method's bytes per worker) and ``ratio_to_limit`` (``speedup_vs_gloo / physical_limit_speedup``).  Needs root; without it
 the command says what it needs and exits non-zero (no loopback fallback).  Links have no delay or
 loss (this kernel has no ``netem``): the comparison is about bandwidth only.
@@ -30,7 +33,7 @@ from typing import Any
 
 from .._errors import HomAggError
 from ._allreduce import _floats, _machine, _measure, _sweep, add_sweep_arguments, markdown_table
-from ._netns import MAX_MTU, MTU, StarNet, require_root, words_per_packet
+from ._netns import MAX_MTU, MTU, REPLICATIONS, StarNet, require_root, words_per_packet
 from ._report import load_range, out_folder, write_report
 
 __all__ = ["configure_parser", "run", "plot_net", "METHODS"]
@@ -45,18 +48,27 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mtu", type=int, default=MTU,
                         help=f"link MTU in bytes; a homagg datagram fills one frame (default {MTU}: jumbo Ethernet; "
                              f"up to {MAX_MTU})")
+    add_replication_argument(parser)
     add_sweep_arguments(parser, timeout=600.0)
     parser.add_argument("--quick", action="store_true",
                         help="1 Gbit/s, 2 hosts, numel 1M, density 0.01 and 1.0, schemes auto,dense, 3 repeats")
     parser.set_defaults(isolate=False)
 
 
-def _with_limits(record: dict[str, Any], bw: float, mtu: int) -> dict[str, Any]:
+def add_replication_argument(parser: argparse.ArgumentParser) -> None:
+    """``--replication {multicast,unicast}`` (shared with ``bench models``)."""
+    parser.add_argument("--replication", choices=REPLICATIONS, default=REPLICATIONS[0],
+                        help="how the emulator gets a result to the W workers: multicast = one send to the "
+                             "job's group, copied to every link by the switch host's bridge (as a P4 switch's "
+                             "multicast group); unicast = one send per worker (default multicast)")
+
+
+def _with_limits(record: dict[str, Any], bw: float, mtu: int, replication: str) -> dict[str, Any]:
     ring = 2 * (record["world"] - 1) / record["world"] * 4 * record["numel"]
     limit = ring / record["bytes_per_worker"] if record["bytes_per_worker"] > 0 else None
     speedup = record["speedup_vs_gloo"]
     return {**record, "method": METHODS[record["backend"]], "bw_mbit": bw, "mtu": mtu,
-            "physical_limit_speedup": limit,
+            "replication": replication, "physical_limit_speedup": limit,
             "ratio_to_limit": speedup / limit if speedup is not None and limit else None}
 
 
@@ -114,13 +126,13 @@ def run(args: argparse.Namespace) -> int:
     records: list[dict[str, Any]] = []
     for bw in bws:
         for world in sweep["world"]:
-            with StarNet(world, bw, args.mtu) as net:
+            with StarNet(world, bw, args.mtu, args.replication) as net:
                 one = {**sweep, "world": [world]}
                 found = _measure(one, args, machine, launch=net.launch, title=f"bench net {bw:g} Mbit/s")
-            records += [_with_limits(r, bw, args.mtu) for r in found]
+            records += [_with_limits(r, bw, args.mtu, args.replication) for r in found]
     links = (f"tc tbf rate per direction, MTU {args.mtu} ({words_per_packet(args.mtu)} words per homagg datagram); "
-             "no delay or loss (no netem here)")
-    report = {"benchmark": "net", "links": links, "mtu": args.mtu,
+             f"no delay or loss (no netem here); results by {args.replication}")
+    report = {"benchmark": "net", "links": links, "mtu": args.mtu, "replication": args.replication,
               "bw_mbit": bws, "sweep": sweep, "machine": machine,
               "wall_s": round(time.monotonic() - started, 1), "records": records}
     header = (f"machine: {machine['platform']}, {machine['cpus']} cpus; {load_range(records)}; "
@@ -128,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
               f"wall {report['wall_s']} s")
     lines = []
     for bw in bws:
-        lines += [f"### {bw:g} Mbit/s links", "", markdown_table([r for r in records if r["bw_mbit"] == bw], limits=True), ""]
+        lines += [f"### {bw:g} Mbit/s links, MTU {args.mtu}, results by {args.replication}", "", markdown_table([r for r in records if r["bw_mbit"] == bw], limits=True), ""]
     plots = [(f"speedup-w{w}.png", lambda path, w=w: plot_net([r for r in records if r["world"] == w], path))
              for w in sweep["world"]]
     write_report(out_dir, report, header, "\n".join(lines), json_copy=args.json, no_plot=args.no_plot, plots=plots,

@@ -2,18 +2,28 @@
 
 ::
 
-    ha<id>w0 (10.77.0.2) --hw0==hs0-- +--------------------------+
-    ha<id>w1 (10.77.1.2) --hw1==hs1-- | ha<id>sw  (routes, 10.77.x.1) |
-    ...                               | switch service 10.77.255.1 |
-                                      +--------------------------+
+                                              +-- ha<id>sw ---------------------------------+
+    ha<id>w0   (10.77.0.2) --hw0==hs0-----+   | br0 (bridge; ports hs0 .. hs<W-1>):         |
+    ha<id>w1   (10.77.1.2) --hw1==hs1-----+---|   10.77.r.1/24 per link (workers' gateway)  |
+    ...                                   |   |   10.77.255.1/32 switch service (emulator)  |
+    ha<id>w<r> (10.77.r.2) --hw<r>==hs<r>-+   +---------------------------------------------+
 
 Every veth end is shaped with ``tc`` ``tbf`` to ``bw_mbit`` (egress, so each direction of each
-link has that rate).  Worker-to-worker traffic (gloo's ring) is routed through the switch host,
-like hosts under one top-of-rack switch; homagg's workers talk to the emulator on the switch host.
+link has that rate).  The switch ends ``hs<r>`` are ports of one Linux bridge ``br0`` (multicast
+snooping off: a multicast frame floods to every port, i.e. one copy per link, each copy shaped by
+that port's ``tbf``).  ``br0`` holds every link's gateway address and the switch service address.
+Each worker is in its own /24 with its default route via ``10.77.r.1``, so worker-to-worker
+traffic (gloo's ring) is IP-forwarded by the switch host (in and out of ``br0``; ICMP redirects
+off), like hosts under one top-of-rack switch; homagg's workers talk to the emulator on the switch
+host.  With ``replication="multicast"`` (default) the emulator sends each result once, to the
+job's IP multicast group on ``br0`` (TTL 1), and the bridge replicates it to every link, as a
+P4 switch's multicast group would; ``"unicast"`` starts it with ``--no-multicast`` (one send per
+worker).  Reverse-path filtering, in any mode, drops nothing: every source arrives on the
+interface of the route back to it (a worker: ``hw<r>``, its default route; the switch: ``br0``).
 This kernel has no ``netem``, so links add no delay or loss: the comparison is about bandwidth.
 
-Needs root (namespaces, veth, tc).  :class:`StarNet` is a context manager; leaving it deletes
-every namespace it created (their veths go with them) and stops the emulator.
+Needs root (namespaces, veth, bridge, tc).  :class:`StarNet` is a context manager; leaving it
+deletes every namespace it created (their veths and bridge go with them) and stops the emulator.
 """
 
 from __future__ import annotations
@@ -32,9 +42,11 @@ from ..transport._auth import SECRET_ENV, SECRET_FILE_ENV, new_secret
 from ..wire import HEADER_LEN, MAX_WORDS_JUMBO
 from ._ranks import launch_ranks
 
-__all__ = ["StarNet", "SWITCH_IP", "MTU", "require_root", "words_per_packet"]
+__all__ = ["StarNet", "SWITCH_IP", "MTU", "REPLICATIONS", "require_root", "words_per_packet"]
 
 SWITCH_IP = "10.77.255.1"
+BRIDGE = "br0"  #: the switch host's bridge; every ``hs<r>`` is one of its ports
+REPLICATIONS = ("multicast", "unicast")  #: how the emulator sends a result to the W workers
 SWITCH_PORT = 18497
 MTU = 9000  #: default link MTU: jumbo Ethernet frames
 MAX_MTU = 65535  #: veth's largest MTU
@@ -72,14 +84,17 @@ def _in(ns: str, *cmd: str) -> None:
 
 class StarNet:
     """``world`` worker namespaces and one switch namespace, links shaped to ``bw_mbit``, every
-    veth with MTU ``mtu`` (homagg datagrams fill one frame: :func:`words_per_packet`)."""
+    veth with MTU ``mtu`` (homagg datagrams fill one frame: :func:`words_per_packet`); results
+    replicated by the bridge (``replication="multicast"``) or sent once per worker (``"unicast"``)."""
 
-    def __init__(self, world: int, bw_mbit: float, mtu: int = MTU) -> None:
+    def __init__(self, world: int, bw_mbit: float, mtu: int = MTU, replication: str = "multicast") -> None:
         if world < 1 or world > 250 or not bw_mbit > 0:
             raise ConfigError(f"bench net: need 1 <= world <= 250 and bw > 0, got {world}, {bw_mbit}")
         if not 1280 <= mtu <= MAX_MTU:
             raise ConfigError(f"bench net: the link MTU must be in [1280, {MAX_MTU}] bytes, got {mtu}")
-        self.world, self.bw_mbit, self.mtu = world, bw_mbit, mtu
+        if replication not in REPLICATIONS:
+            raise ConfigError(f"bench net: replication must be one of {list(REPLICATIONS)}, got {replication!r}")
+        self.world, self.bw_mbit, self.mtu, self.replication = world, bw_mbit, mtu, replication
         tag = f"ha{os.getpid() % 100000}"
         self.switch_ns = f"{tag}sw"
         self.worker_ns = [f"{tag}w{r}" for r in range(world)]
@@ -112,8 +127,14 @@ class StarNet:
         _ip("netns", "add", sw)
         self._made.append(sw)
         _in(sw, "ip", "link", "set", "lo", "up")
-        _in(sw, "ip", "addr", "add", f"{SWITCH_IP}/32", "dev", "lo")
-        _in(sw, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")  # per namespace; no procps needed
+        _in(sw, "ip", "link", "add", BRIDGE, "mtu", str(self.mtu), "type", "bridge", "mcast_snooping", "0",
+            "stp_state", "0", "forward_delay", "0")
+        _in(sw, "ip", "addr", "add", f"{SWITCH_IP}/32", "dev", BRIDGE)
+        # per namespace (no procps needed): route between the workers' /24s, all on br0, without
+        # telling them (ICMP redirects) to go to each other directly: gloo's ring crosses the switch
+        conf = "/proc/sys/net/ipv4/conf"
+        _in(sw, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward; "
+            + "; ".join(f"echo 0 > {conf}/{dev}/send_redirects" for dev in ("all", "default", BRIDGE)))
         for r, ns in enumerate(self.worker_ns):
             _ip("netns", "add", ns)
             self._made.append(ns)
@@ -124,15 +145,18 @@ class StarNet:
             _in(ns, "ip", "addr", "add", f"10.77.{r}.2/24", "dev", hw)
             _in(ns, "ip", "link", "set", hw, "up")
             _in(ns, "ip", "route", "add", "default", "via", f"10.77.{r}.1")
-            _in(sw, "ip", "addr", "add", f"10.77.{r}.1/24", "dev", hs)
+            _in(sw, "ip", "link", "set", hs, "master", BRIDGE)
+            _in(sw, "ip", "addr", "add", f"10.77.{r}.1/24", "dev", BRIDGE)
             _in(sw, "ip", "link", "set", hs, "up")
             self._shape(ns, hw)
-            self._shape(sw, hs)
+            self._shape(sw, hs)  # bridge port egress: every copy of a flooded multicast frame too
+        _in(sw, "ip", "link", "set", BRIDGE, "mtu", str(self.mtu), "up")
 
     def _start_emulator(self) -> None:
         cmd = ["ip", "netns", "exec", self.switch_ns, sys.executable, "-m", "switch_emulator",
                "--listen", f"{SWITCH_IP}:{SWITCH_PORT}", "--control", f"{SWITCH_IP}:{SWITCH_PORT + 1}",
-               "--ready-json", "--quiet", "--watch-stdin", "--no-multicast", "--log-level", "error"]
+               "--ready-json", "--quiet", "--watch-stdin", "--log-level", "error",
+               "--multicast" if self.replication == "multicast" else "--no-multicast"]
         env = {**os.environ, SECRET_ENV: self.secret}
         env.pop(SECRET_FILE_ENV, None)
         self.emulator = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -143,7 +167,10 @@ class StarNet:
         reader.join(60)
         if not line or not line[0].strip():
             raise HomAggError(f"bench net: the emulator did not start in {self.switch_ns} within 60 s")
-        json.loads(line[0])
+        ready = json.loads(line[0])
+        if ready.get("multicast") != (self.replication == "multicast"):
+            raise HomAggError(f"bench net: the emulator's result multicast is {ready.get('multicast')}, "
+                              f"asked for replication={self.replication!r}")
 
     def close(self) -> None:
         """Stop the emulator and delete every namespace created (idempotent)."""

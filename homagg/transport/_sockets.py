@@ -1,12 +1,15 @@
 """UDP socket set-up shared by the worker port and the emulator: buffers and result multicast.
 
 Result multicast (one send per completed slot instead of one per worker) works wherever the
-switch and all its workers share an IP multicast domain; the emulator offers it on loopback:
+switch and all its workers share an IP multicast domain; the emulator offers it on loopback by
+default, and on any other address it is bound to when told so (``--multicast``: e.g. a switch
+host whose worker links are ports of one bridge, :mod:`homagg.bench._netns`):
 
 * group of job ``j`` on a switch whose data port is ``p``: ``(239.255.(j >> 8).(j & 255), p)``
   (:func:`multicast_group`; distinct per job and per emulator on one host);
 * the sender (:func:`enable_multicast_send`) sets ``IP_MULTICAST_IF`` to its own address,
-  ``IP_MULTICAST_LOOP`` = 1 and TTL 1 (the datagrams never leave the host/link);
+  ``IP_MULTICAST_LOOP`` = 1 and TTL 1 (the datagrams never leave the host/link: no router
+  forwards them); the group's interface is the one holding that address;
 * a worker (:func:`join_group`) binds a second socket to the group address with ``SO_REUSEADDR``
   (several workers of one host bind the same group; each receives every datagram) and joins it
   with ``IP_ADD_MEMBERSHIP`` on the interface of its unicast address;
@@ -58,10 +61,15 @@ def multicast_group(job_id: int, port: int) -> tuple[str, int]:
     return (f"239.255.{(job_id >> 8) & 0xFF}.{job_id & 0xFF}", port)
 
 
-def enable_multicast_send(sock: socket.socket, local_ip: str) -> bool:
-    """Let ``sock`` (bound to ``local_ip``) send to groups, on loopback only; True if enabled."""
+def enable_multicast_send(sock: socket.socket, local_ip: str, allow_any: bool = False) -> bool:
+    """Let ``sock`` (bound to ``local_ip``) send to groups out of the interface of ``local_ip``;
+    True if enabled.  Only on a loopback address unless ``allow_any`` (an IPv4 unicast address the
+    socket is bound to, not the wildcard: ``IP_MULTICAST_IF`` needs one interface)."""
     try:
-        if not ipaddress.ip_address(local_ip).is_loopback:
+        addr = ipaddress.ip_address(local_ip)
+        if addr.version != 4 or addr.is_unspecified or addr.is_multicast:
+            return False
+        if not (addr.is_loopback or allow_any):
             return False
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(local_ip))
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)

@@ -11,7 +11,8 @@ import torch
 from . import _hostops
 from ._hostops import BYTE_BITS
 
-__all__ = ["bitmap_words", "pack_positions", "unpack_positions", "popcount"]
+__all__ = ["bitmap_words", "pack_positions", "unpack_positions", "popcount", "word_bitmap", "select_words",
+           "place_words", "two_level_words"]
 
 
 def bitmap_words(numel: int) -> int:
@@ -37,3 +38,41 @@ def popcount(words: torch.Tensor) -> int:
     """Number of set bits of int32 bitmap words (a byte table lookup, no Python loop)."""
     as_bytes = words.contiguous().view(torch.uint8).to(torch.int64)
     return int(BYTE_BITS.to(words.device)[as_bytes].sum())
+
+
+# -- two-level bitmaps: a bitmap of the nonzero bitmap words, then only the words the union holds --
+#
+# Round A combines (OR) every worker's :func:`word_bitmap` (one bit per bitmap word: n/1024 words);
+# its set bits are the words nonzero in *some* worker's bitmap, i.e. in the union's.  Round B
+# combines (OR) each worker's words at those positions (:func:`select_words`, in the order of the
+# set bits, identical on every worker); :func:`place_words` puts them back.  Invariant: the
+# result equals the OR of the full bitmaps, since every word left out is zero on every worker.
+
+
+def word_bitmap(words: torch.Tensor) -> torch.Tensor:
+    """int32 bitmap (one bit per word) of the nonzero words of the int32 bitmap ``words``."""
+    return _hostops.bitmap_of(_hostops.nonzero_positions(words), words.numel())
+
+
+def select_words(words: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+    """``words`` at the sorted int64 word positions ``held`` (the set bits of the OR-combined
+    :func:`word_bitmap`)."""
+    return _hostops.gather(words, held)
+
+
+def place_words(selected: torch.Tensor, held: torch.Tensor, n_words: int) -> torch.Tensor:
+    """The full ``n_words`` bitmap from the OR-combined :func:`select_words` (zero elsewhere)."""
+    out = torch.zeros(n_words, dtype=torch.int32, device=selected.device)
+    _hostops.scatter_(out, held, selected)
+    return out
+
+
+def two_level_words(numel: int, union: float) -> float:
+    """Expected words a worker sends for a two-level bitmap of ``numel`` elements whose union holds
+    ``union`` distinct nonzeros, placed independently at random (clustered nonzeros fill fewer
+    words, so this is an upper estimate): the word bitmap plus every word the union holds."""
+    n_words = bitmap_words(numel)
+    if numel <= 0:
+        return 0.0
+    held = 1.0 - (1.0 - min(1.0, union / numel)) ** 32  # chance that a word holds a nonzero
+    return bitmap_words(n_words) + held * n_words

@@ -29,6 +29,10 @@ class CodecConfig:
     peel_ns          decode time per distinct nonzero of the sketch's peeling, in ``auto``'s cost
                      model (~280 ns measured at a 900k union on a 2-core VM; 0 ignores CPU).
     seed             hash seed (cells and signs of the sketch).
+    bitmap_levels    compact's bitmap: 1 (every word), 2 (a bitmap of the nonzero words first, then
+                     only the words the union holds: one more round, far fewer words at low
+                     density) or None (by ``auto``'s cost model, from the union size agreed on an
+                     earlier call or estimated on this one; 1 when neither is known).
     segment          elements per pipelined segment of a large dense tensor (rounded down to a
                      multiple of block_size; 0: never segment).  Segments stream through the
                      switch while earlier ones encode/decode; results are bit-identical.
@@ -43,6 +47,7 @@ class CodecConfig:
     peel_ns: float = 300.0
     seed: int = 0x5EED
     segment: int = 1 << 22
+    bitmap_levels: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -55,6 +60,8 @@ class CodecConfig:
             raise ConfigError(f"segment must be an int >= 0, got {self.segment!r}")
         if not isinstance(self.union_sample, int) or self.union_sample < 1:
             raise ConfigError(f"union_sample must be a positive int, got {self.union_sample!r}")
+        if self.bitmap_levels not in (None, 1, 2) or isinstance(self.bitmap_levels, bool):
+            raise ConfigError(f"bitmap_levels must be 1, 2 or None (cost model), got {self.bitmap_levels!r}")
         if not self.peel_ns >= 0:
             raise ConfigError(f"peel_ns must be >= 0, got {self.peel_ns!r}")
         if not self.bandwidth_gbps > 0 or not self.rtt_us >= 0:

@@ -12,6 +12,9 @@ scheme     rounds                                           words sent per worke
 =========  ===============================================  ================================
 dense      1 exponents(MAX) ; 2 values(ADD)                 n/B + nL
 compact    1 exponents(MAX) + bitmap(OR) ; 2 values at U    n/B + n/32 + UL
+ 2-level   1 exponents + word bitmap(OR) ; 2 held words(OR) n/B + n/1024 + h n/32 + UL
+           ; 3 values at U  (h: fraction of bitmap words the union holds; chosen by the cost
+           model at low density, :func:`bitmap_levels`)
 sketch     1 exponents(MAX) + union sample(OR) + nnz(MAX/ADD); n/B + S/32 + n/32 + cL  (c ~ 1.4U)
            2 bitmap(OR) + count sketch(ADD) ;
            3 repair(ADD) only if the 2-core is non-empty    + (2-core size) L
@@ -77,10 +80,32 @@ def choose(numel: int, union_estimate: float, limbs: int, cfg: CodecConfig) -> s
     cells = cfg.sketch_cells or _sketch.sketch_cells(union_estimate, cfg.sketch_overhead)
     costs = {
         "dense": 4 * numel * limbs / bandwidth + rtt,
-        "compact": (numel / 8 + 4 * union_estimate * limbs) / bandwidth + 2 * rtt,
+        "compact": 4 * union_estimate * limbs / bandwidth + _bitmap_cost(numel, union_estimate, cfg)[0],
         "sketch": (numel / 8 + 4 * cells * limbs) / bandwidth + rtt + union_estimate * cfg.peel_ns * 1e-9,
     }
     return min(costs, key=lambda k: costs[k])
+
+
+def _bitmap_cost(numel: int, union: float, cfg: CodecConfig) -> tuple[float, int]:
+    """(modelled seconds, levels) of compact's bitmap and the rounds up to its values: one level
+    (``n/32`` words, then values: 2 rounds) or two (:func:`homagg._bitmap.two_level_words`, 3
+    rounds); the cheaper, or ``cfg.bitmap_levels`` when set.  Agreed inputs: every worker picks
+    the same."""
+    bandwidth = cfg.bandwidth_gbps * 1e9 / 8
+    rtt = cfg.rtt_us * 1e-6
+    costs = {1: 4 * _bitmap.bitmap_words(numel) / bandwidth + 2 * rtt,
+             2: 4 * _bitmap.two_level_words(numel, union) / bandwidth + 3 * rtt}
+    levels = cfg.bitmap_levels or min(costs, key=lambda k: costs[k])
+    return costs[levels], levels
+
+
+def bitmap_levels(numel: int, union: float | None, cfg: CodecConfig) -> int:
+    """Levels of compact's bitmap for a tensor of ``numel`` elements with an agreed (remembered or
+    estimated) ``union`` size: ``cfg.bitmap_levels``, else the cheaper by the cost model, else
+    (no union known) 1."""
+    if union is None:
+        return cfg.bitmap_levels or 1
+    return _bitmap_cost(numel, union, cfg)[1]
 
 
 def protocol(
@@ -164,7 +189,7 @@ def _first_call(w: Worker, scheme: str, stats: WorkerStats) -> Protocol:
         w.set_exponents((yield from exchange(w.exponent_streams(), stats)))
         return (yield from _dense(w, stats))
     if scheme == "compact":
-        return (yield from _compact(w, stats))
+        return (yield from _compact(w, stats, bitmap_levels(w.numel, None, w.cfg)))
     # sketch / auto: a first round agrees exponents and estimates the union (sampled bitmap)
     if scheme == "sketch" and w.cfg.sketch_cells is not None and not w.is_float:
         w.quantize(None)  # statically sized integer sketch: a single round
@@ -184,7 +209,7 @@ def _first_call(w: Worker, scheme: str, stats: WorkerStats) -> Protocol:
         if scheme == "dense":
             return (yield from _dense(w, stats))
         if scheme == "compact":
-            return (yield from _compact(w, stats, exponents_done=True))
+            return (yield from _compact(w, stats, bitmap_levels(w.numel, estimate, w.cfg), exponents_done=True))
     return (yield from _sketch_round(w, stats, estimate))
 
 
@@ -192,7 +217,7 @@ def _steady(w: Worker, scheme: str, stats: WorkerStats, prior: Agreed) -> Protoc
     if scheme == "auto":
         scheme = choose(w.numel, float(prior.union), w.limbs, w.cfg)
     if scheme == "compact":
-        return (yield from _compact(w, stats))
+        return (yield from _compact(w, stats, bitmap_levels(w.numel, float(prior.union), w.cfg)))
     previous = prior.exponents if w.is_float else None
     if previous is not None and previous.numel() != w.blocks:  # pragma: no cover - the key includes numel
         previous = None
@@ -224,16 +249,23 @@ def _dense(w: Worker, stats: WorkerStats, guess: torch.Tensor | None = None) -> 
     return w.dense_result(sums)
 
 
-def _compact(w: Worker, stats: WorkerStats, exponents_done: bool = False) -> Protocol:
+def _compact(w: Worker, stats: WorkerStats, levels: int, exponents_done: bool = False) -> Protocol:
     stats.schemes["compact"] += 1
     streams = [] if exponents_done else w.exponent_streams()
-    streams.append(Stream("bitmap", CombineOp.OR, _bitmap.pack_positions(w.idx, w.numel)))
+    local = _bitmap.pack_positions(w.idx, w.numel)
+    streams.append(Stream("bitmap", CombineOp.OR, local) if levels == 1 else
+                   Stream("word_bitmap", CombineOp.OR, _bitmap.word_bitmap(local)))
     combined = yield from exchange(streams, stats)
     if not exponents_done:
         combined = w.set_exponents(combined)
-    union = _bitmap.unpack_positions(combined[0])
+    words = combined[0]
+    if levels == 2:  # the union's nonzero bitmap words are known: combine only those
+        held = _bitmap.unpack_positions(words)
+        (selected,) = yield from exchange([Stream("bitmap", CombineOp.OR, _bitmap.select_words(local, held))], stats)
+        words = _bitmap.place_words(selected, held, local.numel())
+    union = _bitmap.unpack_positions(words)
     w.union = union.numel()
-    (sums,) = yield from exchange([Stream("values", CombineOp.ADD, w.union_values(combined[0], w.union).reshape(-1))],
+    (sums,) = yield from exchange([Stream("values", CombineOp.ADD, w.union_values(words, w.union).reshape(-1))],
                                   stats)
     return w.result(union, sums.reshape(-1, w.limbs))
 

@@ -44,7 +44,11 @@ def sparse_inputs(world: int, numel: int, density: float, support: str, seed: in
 
 
 def all_schemes(tensors: list[torch.Tensor], **options: object) -> dict[str, list[torch.Tensor]]:
-    return {s: local_allreduce(tensors, s, **options) for s in SCHEMES}
+    """Every scheme's result, and compact's with each bitmap form (flat, two-level)."""
+    results = {s: local_allreduce(tensors, s, **options) for s in SCHEMES}
+    for levels in (1, 2):
+        results[f"compact-{levels}-level"] = local_allreduce(tensors, "compact", bitmap_levels=levels, **options)
+    return results
 
 
 def assert_identical_everywhere(results: dict[str, list[torch.Tensor]]) -> torch.Tensor:
@@ -167,6 +171,46 @@ def test_compact_sends_union_sized_values() -> None:
     union = int((torch.stack(xs) != 0).any(0).sum())
     stats = run_local(xs, "compact").stats[0]
     assert stats.bytes_per_stream["values"] == 4 * union and stats.bytes_per_stream["bitmap"] == 64000 // 8
+
+
+@pytest.mark.parametrize("support", ["disjoint", "overlap", "clustered"])
+def test_two_level_bitmap_sends_only_the_words_the_union_holds(support: str) -> None:
+    numel, world = 200_003, 3
+    if support == "clustered":  # embedding-like: a few runs of consecutive rows
+        xs = [torch.zeros(numel) for _ in range(world)]
+        for r, x in enumerate(xs):
+            x[1000 * r: 1000 * r + 700] = torch.randint(-999, 1000, (700,)) / 8  # on the grid: exact
+            x[150_000 + 37 * r: 150_000 + 37 * r + 64] = torch.randint(1, 1000, (64,)) / 4
+    else:
+        xs = sparse_inputs(world, numel, 0.003, support, seed=4, grid=True)
+    want = exact_sum(xs)
+    flat = local_allreduce(xs, "compact", bitmap_levels=1)
+    run = run_local(xs, "compact", bitmap_levels=2)
+    union = torch.stack(xs).ne(0).any(0)
+    held = int(torch.nn.functional.pad(union, (0, -numel % 32)).view(-1, 32).any(1).sum())  # words with a nonzero
+    n_words = -(-numel // 32)
+    for r in range(world):
+        assert torch.equal(run.results[r], flat[r]) and torch.equal(run.results[r], want.float())
+        st_ = run.stats[r]
+        assert st_.bytes_per_stream["word_bitmap"] == 4 * -(-n_words // 32)
+        assert st_.bytes_per_stream["bitmap"] == 4 * held < 4 * n_words // 3
+        assert st_.bytes_per_stream["values"] == 4 * int(union.sum())
+
+
+def test_bitmap_levels_follow_the_cost_model() -> None:
+    """Two levels where the union leaves most bitmap words empty and the saving outweighs a round;
+    one level at higher density, for small tensors, and when no union size is known yet."""
+    from homagg import CodecConfig
+    from homagg._schemes import bitmap_levels
+
+    cfg = CodecConfig()
+    assert bitmap_levels(4 << 20, 0.02 * (4 << 20), cfg) == 2
+    assert bitmap_levels(4 << 20, 0.10 * (4 << 20), cfg) == 1
+    assert bitmap_levels(20_000, 20.0, cfg) == 1  # saves < one round's worth of bytes
+    assert bitmap_levels(4 << 20, None, cfg) == 1
+    assert bitmap_levels(4 << 20, 0.10 * (4 << 20), CodecConfig(bitmap_levels=2)) == 2
+    with pytest.raises(homagg.ConfigError, match="bitmap_levels"):
+        CodecConfig(bitmap_levels=3)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

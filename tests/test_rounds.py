@@ -182,3 +182,18 @@ def test_moving_disjoint_support_needs_no_redo() -> None:
         assert_same_as_fresh(outs, flat, "sketch", block_size=32)
         if step:
             assert stats[0].redos == 0 and stats[0].rounds == 1, stats[0]
+
+
+def test_steady_compact_goes_two_level_once_the_union_is_remembered() -> None:
+    """The first call knows no union size (flat bitmap); the second remembers it and, at low
+    density, sends the word bitmap and only the held words (one more round), same result."""
+    xs = sparse(2, 2_000_000, 0.002, seed=5)
+    workers = Workers(2, rtt_us=10.0)
+    first, fs = workers.call(xs, "compact")
+    second, ss = workers.call(xs, "compact")
+    assert fs[0].bytes_per_stream["word_bitmap"] == 0 and fs[0].rounds == 2
+    assert ss[0].bytes_per_stream["word_bitmap"] > 0 and ss[0].rounds == 3
+    assert ss[0].bytes_per_stream["bitmap"] < fs[0].bytes_per_stream["bitmap"] // 4
+    for o in first + second:
+        assert torch.equal(o, first[0])
+    assert_same_as_fresh(second, xs, "compact")

@@ -46,7 +46,7 @@ class CodecConfig:
     rtt_us: float = 100.0
     peel_ns: float = 300.0
     seed: int = 0x5EED
-    segment: int = 1 << 22
+    segment: int = 1 << 23
     bitmap_levels: int | None = None
 
     def __post_init__(self) -> None:

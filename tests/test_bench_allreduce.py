@@ -112,3 +112,23 @@ def test_markdown_table_marks_inexact() -> None:
            "speedup_vs_gloo": None, "rounds_per_allreduce": 1.0, "bytes_per_worker": 40.0,
            "retransmits": None, "exact": False}
     assert "| NO |" in markdown_table([rec])
+
+
+def test_codec_options_reach_the_ranks(tmp_path: Path) -> None:
+    """``--codec`` travels to every homagg rank: 20,000 elements in segments of 8,192 take 3."""
+    argv = ["bench", "allreduce", "--numel", "20000", "--density", "0.01", "--world", "2", "--schemes", "compact",
+            "--repeats", "1", "--baselines", "gloo", "--codec", "segment=8192,bitmap_levels=2", "--out", str(tmp_path),
+            "--no-plot"]
+    assert main(argv) == 0
+    records = json.loads((tmp_path / "records.json").read_text())["records"]
+    mine = [r for r in records if r["backend"] == "homagg"]
+    assert len(mine) == 1 and mine[0]["exact"]
+    assert mine[0]["codec"] == {"segment": 8192, "bitmap_levels": 2} and mine[0]["segments_per_allreduce"] == 3
+    assert [r["codec"] for r in records if r["backend"] == "gloo"] == [{}]
+
+
+@pytest.mark.parametrize("bad", ["segment", "no_such_option=1", "bitmap_levels=3"])
+def test_bad_codec_options_are_refused_before_any_rank_starts(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "allreduce", "--codec", bad])
+    assert exc.value.code == 2 and "codec" in capsys.readouterr().err

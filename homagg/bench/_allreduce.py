@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._config import SCHEMES
+from .._config import SCHEMES, CodecConfig
 from .._errors import HomAggError
 from ._ranks import RECORD_MARK, launch_ranks
 from ._report import load_range, out_folder, write_report
@@ -52,6 +52,7 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "segments_per_allreduce": (float, type(None)), "bytes_per_worker": (float,),
     "speedup_vs_gloo": (float, type(None)), "retransmits": (float, type(None)), "exact": (bool,),
     "max_abs_err": (float,), "times_s": (list,), "repeats": (int,), "load_avg": (list,), "machine": (dict,),
+    "codec": (dict,),
 }
 
 
@@ -72,6 +73,29 @@ def _names(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
+def codec_options(text: str) -> dict[str, Any]:
+    """``"bitmap_levels=1,segment=8388608"`` -> codec options for homagg's ranks (values: ints,
+    floats, ``none``); validated by :class:`~homagg.CodecConfig` (ConfigError naming the key)."""
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, raw = part.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise argparse.ArgumentTypeError(f"codec option {part!r} is not KEY=VALUE")
+        value: Any = None if raw.strip().lower() == "none" else raw.strip()
+        for kind in (int, float):
+            try:
+                value = kind(value)
+                break
+            except (TypeError, ValueError):
+                continue
+        out[key.strip()] = value
+    try:
+        CodecConfig.from_options(out)
+    except HomAggError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return out
+
+
 def add_sweep_arguments(parser: argparse.ArgumentParser, timeout: float) -> None:
     """The sweep axes and output options shared by ``bench allreduce`` and ``bench net``."""
     parser.add_argument("--world", type=_ints, default=None, help="rank counts (default 2,4,8)")
@@ -80,6 +104,9 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, timeout: float) -> None
                         help="fraction of nonzeros per rank (default 1e-4,1e-3,1e-2,0.1,1.0)")
     parser.add_argument("--schemes", type=_names, default=None, help="homagg schemes (default auto,sketch,compact,dense)")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per configuration (default 5)")
+    parser.add_argument("--codec", type=codec_options, default={},
+                        help="homagg codec options for every scheme, KEY=VALUE,... (e.g. bitmap_levels=1, "
+                             "segment=4194304; see homagg.CodecConfig; default: the defaults)")
     parser.add_argument("--baselines", type=_names, default=None,
                         help="gloo backends to run beside homagg: gloo (dense ring, always run: the speedup "
                              "reference), gloo-sparse (sparse COO all_reduce; densities < 1) (default both)")
@@ -101,6 +128,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--_backend", default="gloo", help=argparse.SUPPRESS)
     parser.add_argument("--_scheme", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--_codec", default="{}", help=argparse.SUPPRESS)
 
 
 def _sweep(args: argparse.Namespace) -> dict[str, Any]:
@@ -194,7 +222,8 @@ def _measure(sweep: dict[str, Any], args: argparse.Namespace, machine: dict[str,
             cmd = [sys.executable, "-m", "homagg", "bench", "allreduce", "--_worker", "--_backend", backend,
                    "--_scheme", scheme or "", "--numel", ",".join(map(str, numels)),
                    "--density", ",".join(map(repr, densities)), "--repeats", str(sweep["repeats"]),
-                   "--seed", str(args.seed), "--timeout", str(args.timeout)]
+                   "--seed", str(args.seed), "--timeout", str(args.timeout),
+                   "--_codec", json.dumps(getattr(args, "codec", {}))]
 
             def progress(rank: int, line: str) -> None:
                 if rank == 0 and RECORD_MARK in line:
@@ -209,7 +238,9 @@ def _measure(sweep: dict[str, Any], args: argparse.Namespace, machine: dict[str,
                 raise HomAggError(f"bench allreduce ({name}, world {world}): rank {short[0]} reported "
                                   f"{len(reports[short[0]])} of {len(numels) * len(densities)} configurations; "
                                   f"its stdout: {outs[short[0]][-20:]}")
-            records += [_merge(backend, scheme, world, list(lines), machine) for lines in zip(*reports)]
+            codec = dict(getattr(args, "codec", {})) if backend == "homagg" else {}
+            records += [{**_merge(backend, scheme, world, list(lines), machine), "codec": codec}
+                        for lines in zip(*reports)]
     gloo = {(r["numel"], r["density"], r["world"]): r["median_s"] for r in records if r["backend"] == "gloo"}
     for r in records:
         base = gloo.get((r["numel"], r["density"], r["world"]))

@@ -184,7 +184,7 @@ def rank_main(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     backend = args._backend
-    options = {"scheme": args._scheme} if backend == "homagg" else None
+    options = {"scheme": args._scheme, "codec": json.loads(args._codec)} if backend == "homagg" else None
     sparse = backend == "gloo-sparse"
     dist.init_process_group("gloo" if sparse else backend, timeout=timedelta(seconds=args.timeout),
                             pg_options=options)

@@ -133,10 +133,11 @@ def run(args: argparse.Namespace) -> int:
     links = (f"tc tbf rate per direction, MTU {args.mtu} ({words_per_packet(args.mtu)} words per homagg datagram); "
              f"no delay or loss (no netem here); results by {args.replication}")
     report = {"benchmark": "net", "links": links, "mtu": args.mtu, "replication": args.replication,
-              "bw_mbit": bws, "sweep": sweep, "machine": machine,
+              "bw_mbit": bws, "sweep": sweep, "machine": machine, "codec": args.codec,
               "wall_s": round(time.monotonic() - started, 1), "records": records}
+    codec = ", ".join(f"{k}={v}" for k, v in args.codec.items()) or "defaults"
     header = (f"machine: {machine['platform']}, {machine['cpus']} cpus; {load_range(records)}; "
-              f"{sweep['repeats']} repeats, medians of the slowest rank; links: {links}; "
+              f"{sweep['repeats']} repeats, medians of the slowest rank; links: {links}; homagg codec: {codec}; "
               f"wall {report['wall_s']} s")
     lines = []
     for bw in bws:

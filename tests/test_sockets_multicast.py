@@ -60,3 +60,14 @@ def test_cli_multicast_flags() -> None:
     assert p.parse_args(["--multicast"]).multicast
     with pytest.raises(SystemExit):
         p.parse_args(["--multicast", "--no-multicast"])
+
+
+def test_module_entry_point_reports_a_config_error_without_a_traceback() -> None:
+    """``python -m switch_emulator`` prints a refused option as ``homagg switch`` does (status 2)."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "switch_emulator", "--multicast", "--listen", "0.0.0.0:0", "--quiet"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert "error: ConfigError" in res.stderr and "Traceback" not in res.stderr

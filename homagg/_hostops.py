@@ -35,16 +35,23 @@ def _host(t: torch.Tensor) -> bool:
 def nonzero_positions(flat: torch.Tensor) -> torch.Tensor:
     """Sorted int64 positions of the nonzero elements of 1-D ``flat`` (``-0.0`` counts as zero,
     NaN as nonzero), as ``torch.nonzero(flat).squeeze(1)``."""
-    return nonzeros(flat)[0]
+    return _scan(flat, with_values=False)[0]
 
 
 def nonzeros(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(positions, values)`` of the nonzero elements of 1-D ``flat``: the positions as
     :func:`nonzero_positions`, the values ``flat[positions]`` (``flat``'s dtype).  On CPU one pass:
     each chunk's values are gathered while the chunk is still in cache."""
+    positions, values = _scan(flat, with_values=True)
+    assert values is not None
+    return positions, values
+
+
+def _scan(flat: torch.Tensor, with_values: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The chunked scan behind both: positions, and the values only when asked for."""
     if not _host(flat) or flat.dim() != 1 or flat.dtype not in _DIRECT and flat.dtype != torch.bfloat16:
         idx = torch.nonzero(flat).squeeze(1)
-        return idx, flat[idx]
+        return idx, flat[idx] if with_values else None
     bf16 = flat.dtype == torch.bfloat16  # numpy has no bfloat16: its bits without the sign bit
     a = flat.view(torch.int16).numpy() if bf16 else flat.numpy()
     n = a.size
@@ -61,13 +68,16 @@ def nonzeros(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             np.not_equal(chunk, 0, out=m)
         found = np.flatnonzero(m)
         if found.size:
-            vals.append(chunk.take(found))
+            if with_values:
+                vals.append(chunk.take(found))
             found += off
             parts.append(found)
-    out = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-    got = np.concatenate(vals) if vals else np.empty(0, dtype=a.dtype)
-    values = torch.from_numpy(got)
-    return torch.from_numpy(out.astype(np.int64, copy=False)), values.view(torch.bfloat16) if bf16 else values
+    found_all = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    positions = torch.from_numpy(found_all.astype(np.int64, copy=False))
+    if not with_values:
+        return positions, None
+    values = torch.from_numpy(np.concatenate(vals) if vals else np.empty(0, dtype=a.dtype))
+    return positions, values.view(torch.bfloat16) if bf16 else values
 
 
 def bitmap_of(idx: torch.Tensor, numel: int) -> torch.Tensor:

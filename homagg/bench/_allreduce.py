@@ -219,11 +219,12 @@ def _measure(sweep: dict[str, Any], args: argparse.Namespace, machine: dict[str,
         for world, backend, scheme, numels, densities in units:
             name = backend if scheme is None else f"homagg/{scheme}"
             bar.update(task, description=f"{name} world={world}")
+            codec = dict(args.codec) if backend == "homagg" else {}
             cmd = [sys.executable, "-m", "homagg", "bench", "allreduce", "--_worker", "--_backend", backend,
                    "--_scheme", scheme or "", "--numel", ",".join(map(str, numels)),
                    "--density", ",".join(map(repr, densities)), "--repeats", str(sweep["repeats"]),
                    "--seed", str(args.seed), "--timeout", str(args.timeout),
-                   "--_codec", json.dumps(getattr(args, "codec", {}))]
+                   "--_codec", json.dumps(codec)]
 
             def progress(rank: int, line: str) -> None:
                 if rank == 0 and RECORD_MARK in line:
@@ -238,7 +239,6 @@ def _measure(sweep: dict[str, Any], args: argparse.Namespace, machine: dict[str,
                 raise HomAggError(f"bench allreduce ({name}, world {world}): rank {short[0]} reported "
                                   f"{len(reports[short[0]])} of {len(numels) * len(densities)} configurations; "
                                   f"its stdout: {outs[short[0]][-20:]}")
-            codec = dict(getattr(args, "codec", {})) if backend == "homagg" else {}
             records += [{**_merge(backend, scheme, world, list(lines), machine), "codec": codec}
                         for lines in zip(*reports)]
     gloo = {(r["numel"], r["density"], r["world"]): r["median_s"] for r in records if r["backend"] == "gloo"}

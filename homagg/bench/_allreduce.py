@@ -4,7 +4,7 @@ Sweeps world size x (gloo's ring, gloo's sparse COO all_reduce, then every homag
 one value).  For each world size and backend/scheme, ``world`` rank processes are started on
 127.0.0.1 (:func:`homagg.bench._ranks.launch_ranks`; with ``--isolate``, once per configuration
 instead) and run :mod:`homagg.bench._allreduce_rank`: per configuration one warm-up and
-``--repeats`` timed calls, each after a barrier.  A repeat's time is the slowest rank's; the record
+``--repeats`` timed calls, each between two barriers.  A repeat's time is the slowest rank's; the record
 holds the median over repeats, the homagg group's rounds and bytes per call (``pg.stats``; a
 large tensor's pipelined segments overlap, so rounds are then per segment, beside
 ``segments_per_allreduce``), the

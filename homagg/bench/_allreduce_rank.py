@@ -2,7 +2,8 @@
 
 A rank joins the default group of one backend (``gloo``, or ``homagg`` with one scheme through
 ``pg_options``) and, for every (numel, density) it is given, times one warm-up and ``repeats``
-calls of ``dist.all_reduce`` (each after a barrier) and prints one JSON line per configuration.
+calls of ``dist.all_reduce`` and prints one JSON line per configuration.  Each call runs between
+two barriers: no rank checks or digests a result while another is still in the call.
 Backend ``gloo-sparse`` is gloo's all_reduce of the same data as a torch sparse COO tensor (what
 torch offers for sparse gradients: gloo all-gathers every rank's indices and values and sums
 locally); the input is converted to COO before the clock starts, as an ``nn.Embedding(sparse=True)``
@@ -149,6 +150,9 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
         t0 = time.perf_counter()
         buf = _reduce(buf)
         elapsed = time.perf_counter() - t0
+        # Every rank has finished the timed call before any rank checks or digests its result: on a
+        # shared host a fast rank's checking would otherwise steal CPU from a rank still in the call.
+        dist.barrier()
         if call:
             times.append(elapsed)
         if sparse:

@@ -103,6 +103,9 @@ def test_loopback_emulator_sends_each_result_once_to_subscribed_workers() -> Non
             assert c["completed"] == 5 * 3 * 4  # 37 words in 4 chunks of <= 10, 3 streams
             assert _tx_ok(2)(c), c
             assert sum(p.stats["results"] for p in ports) == 3 * c["completed"]
+            # worker 0 was in the group when worker 1 probed it: that probe is no stray datagram
+            assert [p.stats["ignored"] for p in ports] == [0, 0, 0]
+            assert [p.stats["group_probes"] for p in ports] == [1, 0, 0]
         finally:
             for p in ports:
                 p.close()

@@ -24,8 +24,9 @@ and so are results without the job's token (wire v2; a forged result from an off
 ``spurious_retransmits``
 (retransmissions proven unnecessary: a second result copy of the same chunk arrived, i.e. the
 switch had counted the first copy and answered the retransmission too; a retransmission the switch
-drops as ``duplicate`` before completion is counted only by the switch), ``results``, ``ignored``,
-``rounds``, ``rtt_samples``, ``rto_backoffs``, ``srtt_us``, ``rto_us`` (current estimator state).
+drops as ``duplicate`` before completion is counted only by the switch), ``results``, ``ignored``
+(datagrams that are no result of this job), ``group_probes`` (other workers' probes of the result
+group, received while they joined), ``rounds``, ``rtt_samples``, ``rto_backoffs``, ``srtt_us``, ``rto_us`` (current estimator state).
 
 Output arrays are recycled: the port keeps the result arrays of its last two rounds and reuses one
 for a stream of the same length once nothing else references it any more (no tensor, view or
@@ -76,7 +77,7 @@ from ..wire import (
 from ._base import Stream, SwitchPort
 from ._control import ControlClient, parse_addr
 from ._errmap import transport_error
-from ._sockets import join_results_group, set_buffers
+from ._sockets import PROBE_PREFIX, join_results_group, set_buffers
 from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
 
 __all__ = ["UdpSwitchPort", "DUPTHRESH"]
@@ -151,7 +152,7 @@ class UdpSwitchPort(SwitchPort):
         self._last_retx = [False] * n  # ... whether it was retransmitted (a second result copy = spurious)
         self.stats: dict[str, int] = {"packets": 0, "retransmits": 0, "fast_retransmits": 0, "spurious_retransmits": 0,
                                       "results": 0,
-                                      "ignored": 0, "rounds": 0, "rtt_samples": 0, "rto_backoffs": 0,
+                                      "ignored": 0, "group_probes": 0, "rounds": 0, "rtt_samples": 0, "rto_backoffs": 0,
                                       "srtt_us": 0, "rto_us": 0}
         if self._ctl is not None and register:
             try:
@@ -250,13 +251,13 @@ class UdpSwitchPort(SwitchPort):
                     while True:
                         n = recv_into(rbuf)
                         if n < HEADER_LEN:
-                            self.stats["ignored"] += 1
+                            self._discarded()
                             continue
                         ver, _op, flags, rjob, _w, wc, bank, slot, tag, off, _r, rtok = unpack_header(rbuf)
                         s = slot - base
                         if not (flags & FLAG_RESULT and rjob == jid and 0 <= s < nslot and n == datagram_len(wc)
                                 and ver == VERSION and rtok == token):
-                            self.stats["ignored"] += 1
+                            self._discarded()
                             continue
                         c = cur[s]
                         g = seq0 + c
@@ -335,6 +336,12 @@ class UdpSwitchPort(SwitchPort):
             self._seq = next_seq
             self._sync_rtt_stats()
             raise
+
+    def _discarded(self) -> None:
+        """Count a datagram in the receive buffer that is no result of this job: another worker's
+        probe of the result group (every member gets it while that worker joins) as
+        ``group_probes``, anything else as ``ignored``."""
+        self.stats["group_probes" if self._rbuf.startswith(PROBE_PREFIX) else "ignored"] += 1
 
     def _late_result(self, s: int, tag: int, bank: int) -> None:
         """Count a result that matches no outstanding chunk; a second copy of a retransmitted,

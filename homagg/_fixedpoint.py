@@ -92,11 +92,14 @@ def block_exponents(idx: torch.Tensor, values: torch.Tensor, numel: int, block_s
     ``idx`` are the flat positions of ``values`` (float64, nonzero, finite).
     """
     blocks = -(-numel // block_size)
-    out = torch.full((blocks,), EMPTY_EXPONENT, dtype=torch.int32, device=values.device)
-    if values.numel():
-        exps = torch.frexp(values).exponent.to(torch.int32)
-        out.scatter_reduce_(0, idx // block_size, exps, reduce="amax")
-    return out
+    if not values.numel():
+        return torch.full((blocks,), EMPTY_EXPONENT, dtype=torch.int32, device=values.device)
+    # frexp's exponent grows with |x|: the exponent of each block's largest |value| is the largest
+    # exponent, so frexp runs once per block, not once per value
+    peak = torch.zeros(blocks, dtype=values.dtype, device=values.device)
+    peak.scatter_reduce_(0, _block_of(idx, block_size), values.abs(), reduce="amax")
+    e = torch.frexp(peak).exponent.to(torch.int32)
+    return torch.where(peak == 0, torch.full_like(e, EMPTY_EXPONENT), e)
 
 
 def guess_exponents(previous: torch.Tensor, local: torch.Tensor) -> torch.Tensor:

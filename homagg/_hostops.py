@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["nonzero_positions", "nonzeros", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "scatter_", "gather"]
+__all__ = ["nonzero_positions", "nonzeros", "nonzeros_and_bitmap", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "scatter_", "gather"]
 
 _CHUNK = 1 << 20  #: elements per chunk of the nonzero scan (its bool buffer stays in cache)
 
@@ -42,21 +42,34 @@ def nonzeros(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(positions, values)`` of the nonzero elements of 1-D ``flat``: the positions as
     :func:`nonzero_positions`, the values ``flat[positions]`` (``flat``'s dtype).  On CPU one pass:
     each chunk's values are gathered while the chunk is still in cache."""
-    positions, values = _scan(flat, with_values=True)
+    positions, values, _ = _scan(flat, with_values=True)
     assert values is not None
     return positions, values
 
 
-def _scan(flat: torch.Tensor, with_values: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The chunked scan behind both: positions, and the values only when asked for."""
+def nonzeros_and_bitmap(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`nonzeros` and the int32 bitmap words of the positions (``bitmap_of(positions,
+    flat.numel())``).  On CPU the bitmap is each chunk's mask packed while it is in cache
+    (``np.packbits``: ~1 ms per 25M elements, against 3-13 ms for :func:`bitmap_of` at 1-10%)."""
+    positions, values, words = _scan(flat, with_values=True, with_bitmap=True)
+    assert values is not None
+    return positions, values, words if words is not None else bitmap_of(positions, flat.numel())
+
+
+def _scan(flat: torch.Tensor, with_values: bool,
+          with_bitmap: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The chunked scan behind all three: positions, the values and the packed bitmap only when
+    asked for (no bitmap from the torch fallback: the caller packs the positions)."""
     if not _host(flat) or flat.dim() != 1 or flat.dtype not in _DIRECT and flat.dtype != torch.bfloat16:
         idx = torch.nonzero(flat).squeeze(1)
-        return idx, flat[idx] if with_values else None
+        return idx, flat[idx] if with_values else None, None
     bf16 = flat.dtype == torch.bfloat16  # numpy has no bfloat16: its bits without the sign bit
     a = flat.view(torch.int16).numpy() if bf16 else flat.numpy()
     n = a.size
     mask = np.empty(min(n, _CHUNK), dtype=bool)
     bits = np.empty(min(n, _CHUNK), dtype=np.int16) if bf16 else None
+    # chunks of whole bytes (8 elements) pack in place; the last chunk's final byte is zero-padded
+    packed = np.zeros(4 * -(-n // 32), dtype=np.uint8) if with_bitmap and _CHUNK % 8 == 0 else None
     parts, vals = [], []
     for off in range(0, n, _CHUNK):
         chunk = a[off:off + _CHUNK]
@@ -66,6 +79,9 @@ def _scan(flat: torch.Tensor, with_values: bool) -> tuple[torch.Tensor, torch.Te
             np.not_equal(bits[: chunk.size], 0, out=m)
         else:
             np.not_equal(chunk, 0, out=m)
+        if packed is not None:
+            row = np.packbits(m, bitorder="little")
+            packed[off // 8: off // 8 + row.size] = row
         found = np.flatnonzero(m)
         if found.size:
             if with_values:
@@ -74,10 +90,11 @@ def _scan(flat: torch.Tensor, with_values: bool) -> tuple[torch.Tensor, torch.Te
             parts.append(found)
     found_all = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
     positions = torch.from_numpy(found_all.astype(np.int64, copy=False))
+    words = torch.from_numpy(packed.view(np.int32)) if packed is not None else None
     if not with_values:
-        return positions, None
+        return positions, None, words
     values = torch.from_numpy(np.concatenate(vals) if vals else np.empty(0, dtype=a.dtype))
-    return positions, values.view(torch.bfloat16) if bf16 else values
+    return positions, values.view(torch.bfloat16) if bf16 else values, words
 
 
 def bitmap_of(idx: torch.Tensor, numel: int) -> torch.Tensor:
@@ -98,10 +115,15 @@ def bitmap_of(idx: torch.Tensor, numel: int) -> torch.Tensor:
 
 def set_bit_positions(words: torch.Tensor) -> torch.Tensor:
     """Sorted int64 positions of the set bits of int32 bitmap ``words`` (bit ``i % 32`` of word
-    ``i // 32``).  Only nonzero bytes are expanded: O(words + 8 * nonzero bytes)."""
+    ``i // 32``).  Only nonzero bytes are expanded: O(words + 8 * nonzero bytes); where most bytes
+    are nonzero (a union of a few % of the elements and up), every bit is listed in one pass
+    instead, which skips the byte gather and the position arithmetic (measured, 2**23 elements:
+    35 -> 6 ms at 88% nonzero bytes; 3.3 ms either way below 20%)."""
     if not _host(words):
         return _set_bit_positions_torch(words)
     as_bytes = words.numpy().view(np.uint8)
+    if 2 * np.count_nonzero(as_bytes) > as_bytes.size:
+        return torch.from_numpy(np.flatnonzero(np.unpackbits(as_bytes, bitorder="little").view(bool)))
     nz = np.flatnonzero(as_bytes != 0)
     bits = np.unpackbits(as_bytes[nz], bitorder="little").view(bool)
     found = np.flatnonzero(bits)

@@ -252,7 +252,7 @@ def _dense(w: Worker, stats: WorkerStats, guess: torch.Tensor | None = None) -> 
 def _compact(w: Worker, stats: WorkerStats, levels: int, exponents_done: bool = False) -> Protocol:
     stats.schemes["compact"] += 1
     streams = [] if exponents_done else w.exponent_streams()
-    local = _bitmap.pack_positions(w.idx, w.numel)
+    local = w.bitmap
     streams.append(Stream("bitmap", CombineOp.OR, local) if levels == 1 else
                    Stream("word_bitmap", CombineOp.OR, _bitmap.word_bitmap(local)))
     combined = yield from exchange(streams, stats)
@@ -283,7 +283,7 @@ def _sketch_round(w: Worker, stats: WorkerStats, estimate: float, guess: torch.T
     stats.sketch_cells = cells
     streams = w.guess_streams(guess) if guess is not None else []
     streams += [
-        Stream("bitmap", CombineOp.OR, _bitmap.pack_positions(w.idx, w.numel)),
+        Stream("bitmap", CombineOp.OR, w.bitmap),
         Stream("sketch", CombineOp.ADD, _sketch.encode(w.idx, w.grid, cells, cfg.seed)),
     ]
     combined = yield from exchange(streams, stats)

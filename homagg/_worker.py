@@ -53,6 +53,7 @@ class Worker:
         self.target: torch.Tensor | None = None  # where an in-place result goes
         self._idx: torch.Tensor | None = None
         self._raw: torch.Tensor | None = None
+        self._bitmap: torch.Tensor | None = None
         if tensor.layout == torch.sparse_coo:
             self.like = tensor
             self._idx, raw = _sparse.flat_nonzeros(tensor)
@@ -76,9 +77,19 @@ class Worker:
         """Sorted flat positions of the local nonzeros (computed on first use)."""
         if self._idx is None:
             assert self.flat is not None
-            self._idx, raw = _hostops.nonzeros(self.flat)  # the values come with the scan (in cache)
+            # the values and the packed bitmap come with the scan (each chunk still in cache)
+            self._idx, raw, self._bitmap = _hostops.nonzeros_and_bitmap(self.flat)
             self._raw = raw.to(torch.float64) if self.is_float else raw
         return self._idx
+
+    @property
+    def bitmap(self) -> torch.Tensor:
+        """int32 nonzero bitmap words of :attr:`idx` (:func:`homagg._bitmap.pack_positions`)."""
+        if self._bitmap is None:
+            idx = self.idx  # a dense input's scan packs the bitmap too
+            if self._bitmap is None:
+                self._bitmap = _bitmap.pack_positions(idx, self.numel)
+        return self._bitmap
 
     @property
     def raw(self) -> torch.Tensor:
@@ -184,7 +195,7 @@ class Worker:
         b = self.cfg.block_size
         full = self.numel // b
         if self.numel <= self.cfg.union_sample or full == 0:
-            return _bitmap.pack_positions(self.idx, self.numel), 1.0
+            return self.bitmap, 1.0
         k = -(-full * b // self.cfg.union_sample)
         rows = -(-full // k)  # blocks 0, k, 2k, ... below full
         if self._idx is None and self.flat is not None:  # no index list: scan the sampled blocks only

@@ -36,11 +36,15 @@ def test_nonzero_positions_equal_torch_nonzero(seed, n, density, dtype, chunk) -
         mp.setattr(_hostops, "_CHUNK", chunk)  # several chunks, a ragged last one
         got = _hostops.nonzero_positions(x)
         pos, values = _hostops.nonzeros(x)
+        pos2, values2, words = _hostops.nonzeros_and_bitmap(x)
     want = torch.nonzero(x).squeeze(1)
     assert got.dtype == torch.int64
     assert torch.equal(got, want)
-    assert torch.equal(pos, want)
+    assert torch.equal(pos, want) and torch.equal(pos2, want)
     assert values.dtype == x.dtype and torch.equal(values, x[want])  # the values gathered in the scan
+    assert torch.equal(values2, values)
+    # the bitmap packed chunk by chunk (chunk 7: packed from the positions) equals packing them
+    assert words.dtype == torch.int32 and torch.equal(words, pack_positions(want, n))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])

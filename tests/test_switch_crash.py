@@ -40,8 +40,15 @@ dist.broadcast_object_list(pid, src=0, group=gloo)
 out["emulator_pid"] = pid[0]
 big = torch.randn(6_000_000)
 dist.barrier(group=gloo)
-if rank == 0:
-    threading.Timer(0.3, os.kill, (pid[0], signal.SIGKILL)).start()  # mid-all_reduce
+if rank == 0:  # kill mid-all_reduce: once 200 of its datagrams are out (not after a fixed delay)
+    port = pg.switch.port
+    sent0 = port.stats["packets"]
+    def kill_when_sending():
+        deadline = time.monotonic() + 60
+        while port.stats["packets"] < sent0 + 200 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        os.kill(pid[0], signal.SIGKILL)
+    threading.Thread(target=kill_when_sending, daemon=True).start()
 t0 = time.monotonic()
 try:
     dist.all_reduce(big)

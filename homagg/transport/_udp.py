@@ -78,6 +78,7 @@ from ._base import Stream, SwitchPort
 from ._control import ControlClient, parse_addr
 from ._errmap import transport_error
 from ._sockets import PROBE_PREFIX, join_results_group, set_buffers
+from ._stall import stall_error
 from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
 
 __all__ = ["UdpSwitchPort", "DUPTHRESH"]
@@ -378,33 +379,10 @@ class UdpSwitchPort(SwitchPort):
                        streams: Sequence[Stream]) -> SwitchTimeoutError:
         job = self.job
         pending = [c for c in cur if c >= 0]
-        c = min(pending)
-        g = seq0 + c
-        slot, bank = job.slot_base + g % job.n_slots, (g // job.n_slots) & 1
-        j, off, _wc, _op = chunks[c]
-        missing: list[int] | None = None
-        detail = "switch not asked (no control address)"
-        if self._ctl is not None:
-            try:
-                st = self._ctl.slot_status(job.job_id, slot)
-                b = st["banks"][bank]
-                missing = list(b["missing"])
-                if b["complete"]:
-                    detail = "the switch has the complete result; results to this worker are being lost"
-                else:
-                    detail = f"the switch has not heard from workers {missing} for this slot"
-            except Exception as exc:  # noqa: BLE001 - diagnostics only
-                detail = f"could not ask the switch: {exc}"
-        if self.stats.get("refused"):
-            detail += (f"; the switch's data port refused {self.stats['refused']} datagrams (ICMP port "
-                       "unreachable): is the switch process gone?")
-        err = SwitchTimeoutError(
-            f"job {job.job_id} worker {self.rank}: no progress for {self.timeout}s; waiting on slot {slot} "
-            f"bank {bank} (stream {streams[j].name!r} offset {off}, {len(pending)} chunks pending); {detail}"
-        )
-        err.job_id, err.slot, err.bank, err.offset, err.stream, err.missing = (  # type: ignore[attr-defined]
-            job.job_id, slot, bank, off, streams[j].name, missing)
-        return err
+        g = seq0 + min(pending)
+        j, off, _wc, _op = chunks[min(pending)]
+        return stall_error(self._ctl, job.job_id, self.rank, self.timeout, job.slot_base + g % job.n_slots,
+                           (g // job.n_slots) & 1, streams[j].name, off, len(pending), self.stats.get("refused", 0))
 
     def close(self) -> None:
         self._spare = []

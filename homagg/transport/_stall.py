@@ -1,0 +1,43 @@
+"""The error a :class:`~homagg.transport.UdpSwitchPort` raises when a round makes no progress.
+
+It names the job, the oldest pending slot, bank, stream and offset, and, asked over the control
+port when there is one, whether the switch holds the complete result (then results to this worker
+are being lost) or which workers it has not heard from for that slot.  The error carries those
+as attributes ``job_id``, ``slot``, ``bank``, ``offset``, ``stream``, ``missing`` (list or None).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._errors import SwitchTimeoutError
+
+__all__ = ["stall_error"]
+
+
+def stall_error(ctl: Any, job_id: int, rank: int, timeout: float, slot: int, bank: int, stream: str, offset: int,
+                pending: int, refused: int) -> SwitchTimeoutError:
+    """The :class:`~homagg.SwitchTimeoutError` of worker ``rank`` waiting ``timeout`` s on ``slot``
+    and ``bank`` (``pending`` chunks outstanding; ``refused``: ICMP port-unreachable answers seen);
+    ``ctl`` is the port's control client or None."""
+    missing: list[int] | None = None
+    detail = "switch not asked (no control address)"
+    if ctl is not None:
+        try:
+            b = ctl.slot_status(job_id, slot)["banks"][bank]
+            missing = list(b["missing"])
+            if b["complete"]:
+                detail = "the switch has the complete result; results to this worker are being lost"
+            else:
+                detail = f"the switch has not heard from workers {missing} for this slot"
+        except Exception as exc:  # noqa: BLE001 - diagnostics only
+            detail = f"could not ask the switch: {exc}"
+    if refused:
+        detail += (f"; the switch's data port refused {refused} datagrams (ICMP port unreachable): "
+                   "is the switch process gone?")
+    err = SwitchTimeoutError(
+        f"job {job_id} worker {rank}: no progress for {timeout}s; waiting on slot {slot} bank {bank} "
+        f"(stream {stream!r} offset {offset}, {pending} chunks pending); {detail}")
+    err.job_id, err.slot, err.bank, err.offset, err.stream, err.missing = (  # type: ignore[attr-defined]
+        job_id, slot, bank, offset, stream, missing)
+    return err

@@ -86,6 +86,21 @@ def test_switch_failure_surfaces_typed_from_backward() -> None:
         assert "terminate called" not in out and "Aborted" not in out
 
 
+def test_a_gone_peer_fails_the_gloo_side_collectives_typed() -> None:
+    timeout = 5.0
+    results, outputs = launch("peer_exit.py", 2, env={"HOMAGG_TIMEOUT": str(timeout)}, timeout=120)
+    assert results[1]["left"] and results[0]["sum"] == results[1]["sum"] == [2.0] * 4
+    res = results[0]
+    for op in ("barrier", "broadcast"):
+        got = res[op]
+        assert got is not None, (op, res)  # a collective with a dead peer cannot succeed
+        assert got["is_homagg"] and got["type"] in ("TransportError", "SwitchTimeoutError"), (op, got)
+        assert got["seconds"] <= timeout + 5.0, (op, got)
+    assert "homagg barrier (rank 0" in res["barrier"]["message"], res["barrier"]
+    assert res["destroy_seconds"] < 15.0
+    assert "terminate called" not in outputs[0] and "Aborted" not in outputs[0]
+
+
 def test_unmodified_torchrun_script_uses_entry_point(tmp_path: Path) -> None:
     site = entry_point_site(tmp_path)
     env = dict(os.environ)

@@ -51,6 +51,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from .._errors import InputError, TransportError
+from ..transport import transport_error
 from ._config import BackendConfig
 from ._creation import READY_KEY, arrive, creation_error, gloo_group
 from ._switch_setup import SwitchLink, await_ranks, open_switch
@@ -197,7 +198,7 @@ class ProcessGroupHomagg(ProcessGroup):
             dtypes = sorted({str(t.dtype) for t in tensors})
             raise InputError(f"homagg: ReduceOp.AVG needs dense floating-point tensors, got {dtypes}")
         gloo_opts = _as_options(opts)
-        return self._submit("allreduce", lambda: self._gloo(lambda g: g.allreduce(tensors, gloo_opts), tensors))
+        return self._on_gloo("allreduce", lambda g: g.allreduce(tensors, gloo_opts), tensors)
 
     def _codec_takes(self, tensors: list[torch.Tensor], op: Any) -> bool:
         if not (op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG):
@@ -229,7 +230,7 @@ class ProcessGroupHomagg(ProcessGroup):
     def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> HomaggWork:
         tensors = list(tensors)
         opts = opts if opts is not None else dist.BroadcastOptions()
-        return self._submit("broadcast", lambda: self._gloo(lambda g: g.broadcast(tensors, opts), tensors))
+        return self._on_gloo("broadcast", lambda g: g.broadcast(tensors, opts), tensors)
 
     def allgather(
         self, output_tensors: Sequence[Sequence[torch.Tensor]], input_tensors: Sequence[torch.Tensor], opts: Any = None
@@ -238,18 +239,18 @@ class ProcessGroupHomagg(ProcessGroup):
         ins = list(input_tensors)
         opts = opts if opts is not None else dist.AllgatherOptions()
         flat = [t for o in outs for t in o]
-        return self._submit("allgather", lambda: self._gloo(lambda g: g.allgather(outs, ins, opts), flat))
+        return self._on_gloo("allgather", lambda g: g.allgather(outs, ins, opts), flat)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> HomaggWork:  # noqa: A002
         opts = opts if opts is not None else dist.AllgatherOptions()
-        return self._submit("all_gather_single", lambda: self._gloo(lambda g: g._allgather_base(output, input, opts), [output]))
+        return self._on_gloo("all_gather_single", lambda g: g._allgather_base(output, input, opts), [output])
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> HomaggWork:  # noqa: A002
         return self.all_gather_single(output, input, opts)
 
     def barrier(self, opts: Any = None) -> HomaggWork:
         opts = opts if opts is not None else dist.BarrierOptions()
-        return self._submit("barrier", lambda: self._gloo(lambda g: g.barrier(opts), []))
+        return self._on_gloo("barrier", lambda g: g.barrier(opts), [])
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
         """Barrier that names the ranks that did not arrive (gloo's ``monitored_barrier`` semantics).
@@ -317,13 +318,24 @@ class ProcessGroupHomagg(ProcessGroup):
         if self._broken is not None:  # e.g. a nested collective issued by a comm hook's callback
             raise self._broken
 
-    def _gloo(self, call: Any, result: list[torch.Tensor]) -> TaskResult:
-        """Run ``call`` on the private gloo group (worker thread only) and wait for it."""
+    def _on_gloo(self, op: str, call: Any, result: list[torch.Tensor]) -> HomaggWork:
+        """Queue ``op``, run by ``call`` on the private gloo group (see :meth:`_gloo`)."""
+        return self._submit(op, lambda: self._gloo(call, result, op))
+
+    def _gloo(self, call: Any, result: list[torch.Tensor], op: str) -> TaskResult:
+        """Run ``call`` on the private gloo group (worker thread only) and wait for it; gloo's
+        failures (e.g. the plain ``RuntimeError`` of a peer that is gone) become the typed
+        :func:`~homagg.transport.transport_error` of ``op``."""
         gloo = self._private
         if gloo is None:
             raise TransportError("homagg process group is shut down")
-        work = call(gloo)
-        work.wait()
+        t0 = time.monotonic()
+        try:
+            work = call(gloo)
+            work.wait()
+        except Exception as exc:
+            raise transport_error(exc, f"homagg {op} (rank {self.rank()}, on the group's gloo side)",
+                                  timeout_s=self._timeout.total_seconds(), waited_s=time.monotonic() - t0) from exc
         if result and result[0].layout != torch.strided:
             return list(work.result())  # sparse allreduce: gloo hands back new tensors
         return result

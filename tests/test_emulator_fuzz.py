@@ -19,6 +19,19 @@ from homagg.testing import run_on_switch
 N_FUZZ = 10_000
 
 
+def _socket_drops(port: int) -> int:
+    """Datagrams the kernel dropped at the UDP socket bound to ``port`` (receive buffer full), from
+    /proc/net/udp's ``drops`` column: they never reached the switch, so it cannot count them."""
+    total = 0
+    with open("/proc/net/udp") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            if int(fields[1].split(":")[1], 16) == port:
+                total += int(fields[-1])
+    return total
+
+
 def _garbage(rng: random.Random, legit_job: int, fuzz_layer) -> bytes:  # noqa: ANN001
     kind = rng.randrange(7)
     good = wire.pack_packet(wire.Header(wire.VERSION, rng.randrange(3), 0, legit_job, rng.randrange(4), 4, rng.randrange(2),
@@ -81,6 +94,7 @@ def test_fuzz_during_job_result_exact() -> None:
         # the switch still answers and a further job is still exact
         assert ctl.ping()["version"] == wire.VERSION
         c = ctl.status()["counters"]
-        assert c["dropped"] >= 0.9 * N_FUZZ, c  # a few may be lost in full socket buffers
+        lost = _socket_drops(sw.data_addr[1])  # lost in a full socket buffer (a loaded host)
+        assert c["dropped"] + lost >= 0.9 * sent[0], (c, lost, sent)  # every garbage datagram it read
         assert c["accepted"] > 0 and during[0] > 1000, (c, during)
         run_on_switch(sw, 2, numel=3000, k=32, slots=8, schemes=["dense"])

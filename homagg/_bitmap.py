@@ -51,7 +51,7 @@ def popcount(words: torch.Tensor) -> int:
 
 def word_bitmap(words: torch.Tensor) -> torch.Tensor:
     """int32 bitmap (one bit per word) of the nonzero words of the int32 bitmap ``words``."""
-    return _hostops.bitmap_of(_hostops.nonzero_positions(words), words.numel())
+    return _hostops.nonzero_word_bitmap(words)
 
 
 def select_words(words: torch.Tensor, held: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["nonzero_positions", "nonzeros", "nonzeros_and_bitmap", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "scatter_", "gather"]
+__all__ = ["nonzero_positions", "nonzeros", "nonzeros_and_bitmap", "nonzero_word_bitmap", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "scatter_", "gather"]
 
 _CHUNK = 1 << 20  #: elements per chunk of the nonzero scan (its bool buffer stays in cache)
 
@@ -111,6 +111,17 @@ def bitmap_of(idx: torch.Tensor, numel: int) -> torch.Tensor:
     bits = np.left_shift(np.uint32(1), (p & 31).astype(np.uint32)).astype(np.float64)
     sums = np.bincount(p >> 5, weights=bits, minlength=words)
     return torch.from_numpy(sums.astype(np.uint32).view(np.int32))
+
+
+def nonzero_word_bitmap(words: torch.Tensor) -> torch.Tensor:
+    """int32 bitmap (bit ``j % 32`` of word ``j // 32``) of the nonzero entries of 1-D ``words``:
+    ``bitmap_of(nonzero_positions(words), words.numel())``; on CPU one compare and ``np.packbits``."""
+    if not _host(words):
+        return bitmap_of(nonzero_positions(words), words.numel())
+    packed = np.zeros(4 * -(-words.numel() // 32), dtype=np.uint8)
+    row = np.packbits(words.numpy() != 0, bitorder="little")
+    packed[: row.size] = row
+    return torch.from_numpy(packed.view(np.int32))
 
 
 def set_bit_positions(words: torch.Tensor) -> torch.Tensor:

@@ -177,3 +177,14 @@ def test_float32_dequantize_equals_rounding_the_exact_float64_product(shift) -> 
     got = _fixedpoint.dequantize(idx, sums, exps, block, world, torch.float32)
     want = _scale_elementwise(sums.to(torch.float64), torch.full((sums.numel(),), shift, dtype=torch.int64))
     assert torch.equal(got, want.to(torch.float32))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(0, 3000), density=st.sampled_from([0.0, 0.01, 0.3, 1.0]))
+def test_nonzero_word_bitmap_equals_packing_the_nonzero_positions(seed, n, density) -> None:
+    g = torch.Generator().manual_seed(seed)
+    words = torch.randint(-(2**31), 2**31, (n,), generator=g, dtype=torch.int64).to(torch.int32)
+    words[torch.rand(n, generator=g) >= density] = 0
+    got = _hostops.nonzero_word_bitmap(words)
+    assert got.dtype == torch.int32
+    assert torch.equal(got, pack_positions(torch.nonzero(words).squeeze(1), n))

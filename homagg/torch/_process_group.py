@@ -319,26 +319,27 @@ class ProcessGroupHomagg(ProcessGroup):
             raise self._broken
 
     def _on_gloo(self, op: str, call: Any, result: list[torch.Tensor]) -> HomaggWork:
-        """Queue ``op``, run by ``call`` on the private gloo group (see :meth:`_gloo`)."""
-        return self._submit(op, lambda: self._gloo(call, result, op))
-
-    def _gloo(self, call: Any, result: list[torch.Tensor], op: str) -> TaskResult:
-        """Run ``call`` on the private gloo group (worker thread only) and wait for it; gloo's
+        """Queue ``op``, run by ``call`` on the private gloo group in the worker thread; gloo's
         failures (e.g. the plain ``RuntimeError`` of a peer that is gone) become the typed
         :func:`~homagg.transport.transport_error` of ``op``."""
-        gloo = self._private
-        if gloo is None:
-            raise TransportError("homagg process group is shut down")
-        t0 = time.monotonic()
-        try:
-            work = call(gloo)
-            work.wait()
-        except Exception as exc:
-            raise transport_error(exc, f"homagg {op} (rank {self.rank()}, on the group's gloo side)",
-                                  timeout_s=self._timeout.total_seconds(), waited_s=time.monotonic() - t0) from exc
-        if result and result[0].layout != torch.strided:
-            return list(work.result())  # sparse allreduce: gloo hands back new tensors
-        return result
+
+        def task() -> TaskResult:
+            gloo = self._private
+            if gloo is None:
+                raise TransportError("homagg process group is shut down")
+            t0 = time.monotonic()
+            try:
+                work = call(gloo)
+                work.wait()
+            except Exception as exc:
+                raise transport_error(exc, f"homagg {op} (rank {self.rank()}, on the group's gloo side)",
+                                      timeout_s=self._timeout.total_seconds(),
+                                      waited_s=time.monotonic() - t0) from exc
+            if result and result[0].layout != torch.strided:
+                return list(work.result())  # sparse allreduce: gloo hands back new tensors
+            return result
+
+        return self._submit(op, task)
 
     def shutdown(self) -> None:
         """Stop the worker, close the switch link (and an owned emulator), release gloo groups."""

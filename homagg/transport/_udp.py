@@ -379,8 +379,9 @@ class UdpSwitchPort(SwitchPort):
                        streams: Sequence[Stream]) -> SwitchTimeoutError:
         job = self.job
         pending = [c for c in cur if c >= 0]
-        g = seq0 + min(pending)
-        j, off, _wc, _op = chunks[min(pending)]
+        oldest = min(pending)
+        g = seq0 + oldest
+        j, off, _wc, _op = chunks[oldest]
         return stall_error(self._ctl, job.job_id, self.rank, self.timeout, job.slot_base + g % job.n_slots,
                            (g // job.n_slots) & 1, streams[j].name, off, len(pending), self.stats.get("refused", 0))
 

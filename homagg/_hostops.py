@@ -8,6 +8,11 @@ which on a virtual machine mostly costs page faults (measured, 25M fp32, 1% nonz
 ``searchsorted`` 16 ms -> 9 ms; the result scatter 14 ms -> 7 ms).  Here those passes run through
 numpy on views of the same memory (no copies), in cache-sized chunks with reused buffers.
 
+Where the optional native kernels are built (:mod:`homagg._native`), 32-bit inputs skip numpy's
+passes: the scan packs the bitmap in one vectorised pass and lists the positions from it (25M
+fp32 at 1%: 11 -> 7 ms), and set bits are listed word by word (a 2.5% union of 25M: 4.7 -> 2.8
+ms).
+
 Every function returns exactly what its torch fallback returns (same values, dtype int64 for
 positions, same order); the fallback runs for tensors on other devices (CUDA: torch's kernels are
 the fast path there) and for dtypes numpy has no type for.  ``tests/test_hostops.py`` checks both
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
+from . import _native
 
 __all__ = ["nonzero_positions", "nonzeros_and_bitmap", "nonzero_word_bitmap", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "scatter_", "gather"]
 
@@ -49,6 +56,10 @@ def nonzeros_and_bitmap(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     return positions, values, words if words is not None else bitmap_of(positions, flat.numel())
 
 
+#: 32-bit dtypes of the native scan, and the bits that make an element nonzero (not a float's sign)
+_NATIVE_MASKS = {torch.float32: 0x7FFFFFFF, torch.int32: 0xFFFFFFFF}
+
+
 def _scan(flat: torch.Tensor, with_values: bool,
           with_bitmap: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The chunked scan behind both: positions, the values and the packed bitmap only when asked
@@ -56,6 +67,8 @@ def _scan(flat: torch.Tensor, with_values: bool,
     if not _host(flat) or flat.dim() != 1 or flat.dtype not in _DIRECT and flat.dtype != torch.bfloat16:
         idx = torch.nonzero(flat).squeeze(1)
         return idx, flat[idx] if with_values else None, None
+    if _native.AVAILABLE and flat.dtype in _NATIVE_MASKS:
+        return _native_scan(flat, with_values)
     bf16 = flat.dtype == torch.bfloat16  # numpy has no bfloat16: its bits without the sign bit
     a = flat.view(torch.int16).numpy() if bf16 else flat.numpy()
     n = a.size
@@ -88,6 +101,16 @@ def _scan(flat: torch.Tensor, with_values: bool,
         return positions, None, words
     values = torch.from_numpy(np.concatenate(vals) if vals else np.empty(0, dtype=a.dtype))
     return positions, values.view(torch.bfloat16) if bf16 else values, words
+
+
+def _native_scan(flat: torch.Tensor, with_values: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """:func:`_scan` of a 32-bit tensor by the native kernels: one packing pass over the input,
+    the positions listed from the packed words, the values gathered at them."""
+    a = flat.numpy()
+    words, count = _native.pack32(a, _NATIVE_MASKS[flat.dtype])
+    positions = _native.set_bits32(words, count)
+    values = torch.from_numpy(_native.gather32(a, positions)) if with_values else None
+    return torch.from_numpy(positions), values, torch.from_numpy(words)
 
 
 def _bitmap_bytes(n: int) -> np.ndarray:
@@ -131,6 +154,8 @@ def set_bit_positions(words: torch.Tensor) -> torch.Tensor:
     35 -> 6 ms at 88% nonzero bytes; 3.3 ms either way below 20%)."""
     if not _host(words):
         return _set_bit_positions_torch(words)
+    if _native.AVAILABLE and words.dtype == torch.int32:
+        return torch.from_numpy(_native.set_bits32(words.numpy()))
     as_bytes = words.numpy().view(np.uint8)
     if 2 * np.count_nonzero(as_bytes) > as_bytes.size:
         return torch.from_numpy(np.flatnonzero(np.unpackbits(as_bytes, bitorder="little").view(bool)))

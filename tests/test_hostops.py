@@ -3,13 +3,19 @@ scaling of :mod:`homagg._fixedpoint` against element-by-element scaling."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import hypothesis.strategies as st
 import pytest
 import torch
 from hypothesis import given, settings
 
-from homagg import _fixedpoint, _hostops
+from homagg import _fixedpoint, _hostops, _native
 from homagg._bitmap import pack_positions
+
+needs_native = pytest.mark.skipif(not _native.AVAILABLE, reason="the native kernels were not built (no C compiler "
+                                  "at install time, or HOMAGG_NATIVE=0)")
 
 _FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 _INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
@@ -29,11 +35,12 @@ def _sparse_tensor(seed: int, n: int, density: float, dtype: torch.dtype) -> tor
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**31), n=st.integers(0, 5000), density=st.sampled_from([0.0, 0.001, 0.05, 0.5, 1.0]),
-       dtype=st.sampled_from(_FLOATS + _INTS), chunk=st.sampled_from([7, 64, 1 << 20]))
-def test_nonzero_positions_equal_torch_nonzero(seed, n, density, dtype, chunk) -> None:
+       dtype=st.sampled_from(_FLOATS + _INTS), chunk=st.sampled_from([7, 64, 1 << 20]), native=st.booleans())
+def test_nonzero_positions_equal_torch_nonzero(seed, n, density, dtype, chunk, native) -> None:
     x = _sparse_tensor(seed, n, density, dtype)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_hostops, "_CHUNK", chunk)  # several chunks, a ragged last one
+        mp.setattr(_native, "AVAILABLE", native and _native.AVAILABLE)  # False: numpy's chunked scan
         got = _hostops.nonzero_positions(x)
         pos, values, words = _hostops.nonzeros_and_bitmap(x)
     want = torch.nonzero(x).squeeze(1)
@@ -56,6 +63,39 @@ def test_nonzero_positions_count_nan_and_inf_but_not_negative_zero(dtype) -> Non
     assert torch.equal(values.nan_to_num(), want.nan_to_num())
 
 
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 127, 128, 129, 1000, 4099])
+def test_native_scan_edges_equal_numpy(dtype, n) -> None:
+    """The native scan at word edges (the AVX2 loop packs 64 elements, a scalar tail the rest):
+    every element nonzero, none, and special values (-0.0, NaN, denormals, the sign bit alone)."""
+    special = torch.tensor([-0.0, float("nan"), 1e-45, -1e-45, float("inf"), 0.0, -2.0])
+    cases = [torch.ones(n), torch.zeros(n), special.repeat(n // 7 + 1)[:n]]
+    if dtype == torch.int32:
+        cases = [c.nan_to_num(0, 7, -7).to(torch.int32) for c in cases[:2]] + [
+            torch.tensor([0, -2**31, 1, -1, 2**31 - 1, 0, 0], dtype=torch.int32).repeat(n // 7 + 1)[:n]]
+    for x in cases:
+        pos, values, words = _hostops.nonzeros_and_bitmap(x)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_native, "AVAILABLE", False)
+            want_pos, want_values, want_words = _hostops.nonzeros_and_bitmap(x)
+        assert torch.equal(pos, want_pos) and torch.equal(pos, torch.nonzero(x).squeeze(1))
+        assert torch.equal(values.view(torch.int32), want_values.view(torch.int32))  # bit for bit (NaN too)
+        assert torch.equal(words, want_words)
+
+
+@needs_native
+def test_native_set_bits_of_full_and_sparse_words() -> None:
+    """Words with 0, 1, 8, 9 and 32 set bits (the decoder lists eight per step), odd word counts."""
+    for n_words in (1, 2, 3, 7):
+        for bits in (0, 1, 8, 9, 31, 32):
+            words = torch.zeros(n_words, dtype=torch.int32)
+            for w in range(n_words):
+                words[w] = torch.tensor((1 << bits) - 1 if bits < 32 else -1, dtype=torch.int64).to(torch.int32)
+            want = _hostops._set_bit_positions_torch(words)
+            assert torch.equal(_hostops.set_bit_positions(words), want)
+
+
 def test_nonzero_positions_of_a_view_and_of_a_strided_tensor() -> None:
     x = _sparse_tensor(3, 10_000, 0.1, torch.float32)
     view = x[1234:8765]
@@ -65,12 +105,15 @@ def test_nonzero_positions_of_a_view_and_of_a_strided_tensor() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**31), n=st.integers(1, 20_000), density=st.sampled_from([0.0, 0.002, 0.1, 0.7, 1.0]))
-def test_set_bit_positions_roundtrip_and_equal_torch(seed, n, density) -> None:
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 20_000), density=st.sampled_from([0.0, 0.002, 0.1, 0.7, 1.0]),
+       native=st.booleans())
+def test_set_bit_positions_roundtrip_and_equal_torch(seed, n, density, native) -> None:
     g = torch.Generator().manual_seed(seed)
     pos = torch.nonzero(torch.rand(n, generator=g) < density).squeeze(1)
     words = pack_positions(pos, n)
-    got = _hostops.set_bit_positions(words)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_native, "AVAILABLE", native and _native.AVAILABLE)
+        got = _hostops.set_bit_positions(words)
     assert got.dtype == torch.int64
     assert torch.equal(got, pos)
     assert torch.equal(got, _hostops._set_bit_positions_torch(words))
@@ -186,3 +229,10 @@ def test_nonzero_word_bitmap_equals_packing_the_nonzero_positions(seed, n, densi
     got = _hostops.nonzero_word_bitmap(words)
     assert got.dtype == torch.int32
     assert torch.equal(got, pack_positions(torch.nonzero(words).squeeze(1), n))
+
+
+@pytest.mark.skipif(os.environ.get("HOMAGG_NATIVE") == "0", reason="HOMAGG_NATIVE=0 turns the native kernels off")
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here")
+def test_the_native_kernels_are_built_where_a_compiler_is() -> None:
+    """An install with a C compiler builds them (setup.py); a silent fallback would hide a broken build."""
+    assert _native.AVAILABLE, "homagg/_native_kernels*.so is missing: reinstall (pip install -e .) with a C compiler"

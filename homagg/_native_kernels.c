@@ -1,0 +1,112 @@
+/* homagg's optional native kernels: the nonzero scan and the bit listing of the codec's hot path.
+ *
+ * Plain C, no Python API: homagg/_hostops.py loads the built library with ctypes and falls back
+ * to its numpy code when the library is absent (no compiler at install time) or the input is not
+ * a contiguous 32-bit CPU array.  Every function returns exactly what that numpy code returns;
+ * tests/test_hostops.py checks the two paths against each other and against torch.
+ *
+ * Bitmaps are little-endian words: element i is bit i % 64 of 64-bit word i / 64, i.e. bit i % 8
+ * of byte i / 8 -- the layout of np.packbits(..., bitorder="little") and of homagg's int32
+ * bitmap words on a little-endian host.
+ *
+ * The AVX2 variant of the pack loop is chosen at run time (__builtin_cpu_supports), so the library
+ * is built without -mavx2 and runs on any x86-64 (and, without the AVX2 part, elsewhere).
+ */
+#include <stdint.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HOMAGG_X86 1
+#endif
+
+static int64_t pack32_tail(const uint32_t *x, int64_t from, int64_t n, uint32_t mask, uint64_t *words) {
+    int64_t count = 0;
+    if (from < n) {
+        uint64_t b = 0;
+        for (int64_t i = from; i < n; i++)
+            b |= (uint64_t)((x[i] & mask) != 0) << (i - from);
+        words[from / 64] = b;
+        count = __builtin_popcountll(b);
+    }
+    return count;
+}
+
+static int64_t pack32_scalar(const uint32_t *x, int64_t n, uint32_t mask, uint64_t *words) {
+    int64_t full = n / 64, count = 0;
+    for (int64_t w = 0; w < full; w++) {
+        const uint32_t *p = x + w * 64;
+        uint64_t b = 0;
+        for (int i = 0; i < 64; i++)
+            b |= (uint64_t)((p[i] & mask) != 0) << i;
+        words[w] = b;
+        count += __builtin_popcountll(b);
+    }
+    return count + pack32_tail(x, full * 64, n, mask, words);
+}
+
+#ifdef HOMAGG_X86
+__attribute__((target("avx2,popcnt"))) static int64_t pack32_avx2(const uint32_t *x, int64_t n, uint32_t mask,
+                                                                   uint64_t *words) {
+    int64_t full = n / 64, count = 0;
+    const __m256i m = _mm256_set1_epi32((int)mask), zero = _mm256_setzero_si256();
+    for (int64_t w = 0; w < full; w++) {
+        const uint32_t *p = x + w * 64;
+        uint64_t b = 0;
+        for (int i = 0; i < 8; i++) {
+            __m256i v = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 8 * i)), m);
+            uint32_t is_zero = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, zero)));
+            b |= (uint64_t)(~is_zero & 0xFFu) << (8 * i);
+        }
+        words[w] = b;
+        count += __builtin_popcountll(b);
+    }
+    return count + pack32_tail(x, full * 64, n, mask, words);
+}
+#endif
+
+/* Pack the nonzero bitmap of n 32-bit elements into ceil(n / 64) words; an element counts as
+ * nonzero when (x & mask) != 0 (mask 0x7FFFFFFF for float32: -0.0 is zero, NaN is not).
+ * Returns the number of nonzero elements. */
+int64_t homagg_pack32(const uint32_t *x, int64_t n, uint32_t mask, uint64_t *words) {
+#ifdef HOMAGG_X86
+    if (__builtin_cpu_supports("avx2"))
+        return pack32_avx2(x, n, mask, words);
+#endif
+    return pack32_scalar(x, n, mask, words);
+}
+
+/* Positions (ascending, int64) of the set bits of n 32-bit bitmap words; pos holds room for every
+ * set bit plus 8 (scratch written past the end).  Returns how many were written; with pos NULL
+ * only counts them.  Decoded a 64-bit word at a time, eight trailing-zero counts per step whatever
+ * the word holds (a branch per 8 bits, not per bit: Lemire's bitset decoding). */
+int64_t homagg_set_bits32(const uint32_t *words, int64_t n, int64_t *pos) {
+    int64_t k = 0;
+    if (!pos) {
+        for (int64_t w = 0; w < n; w++)
+            k += __builtin_popcount(words[w]);
+        return k;
+    }
+    for (int64_t w = 0; w < n; w += 2) {
+        uint64_t b = words[w];
+        if (w + 1 < n)
+            b |= (uint64_t)words[w + 1] << 32;
+        if (!b)
+            continue;
+        int64_t base = w * 32, *out = pos + k;
+        int count = __builtin_popcountll(b);
+        for (int j = 0; j < count; j += 8) {
+            for (int i = 0; i < 8; i++) {
+                out[j + i] = base + __builtin_ctzll(b | 1ULL << 63); /* an emptied word: scratch */
+                b &= b - 1;
+            }
+        }
+        k += count;
+    }
+    return k;
+}
+
+/* out[i] = x[pos[i]] for 32-bit elements. */
+void homagg_gather32(const uint32_t *x, const int64_t *pos, int64_t k, uint32_t *out) {
+    for (int64_t i = 0; i < k; i++)
+        out[i] = x[pos[i]];
+}

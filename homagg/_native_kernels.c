@@ -17,6 +17,10 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define HOMAGG_X86 1
+/* a popcnt instruction where the CPU has one (else a libgcc call), chosen once at load (ifunc) */
+#define HOMAGG_POPCNT __attribute__((target_clones("popcnt", "default")))
+#else
+#define HOMAGG_POPCNT
 #endif
 
 static int64_t pack32_tail(const uint32_t *x, int64_t from, int64_t n, uint32_t mask, uint64_t *words) {
@@ -31,7 +35,7 @@ static int64_t pack32_tail(const uint32_t *x, int64_t from, int64_t n, uint32_t 
     return count;
 }
 
-static int64_t pack32_scalar(const uint32_t *x, int64_t n, uint32_t mask, uint64_t *words) {
+HOMAGG_POPCNT static int64_t pack32_scalar(const uint32_t *x, int64_t n, uint32_t mask, uint64_t *words) {
     int64_t full = n / 64, count = 0;
     for (int64_t w = 0; w < full; w++) {
         const uint32_t *p = x + w * 64;
@@ -76,10 +80,10 @@ int64_t homagg_pack32(const uint32_t *x, int64_t n, uint32_t mask, uint64_t *wor
 }
 
 /* Positions (ascending, int64) of the set bits of n 32-bit bitmap words; pos holds room for every
- * set bit plus 8 (scratch written past the end).  Returns how many were written; with pos NULL
- * only counts them.  Decoded a 64-bit word at a time, eight trailing-zero counts per step whatever
- * the word holds (a branch per 8 bits, not per bit: Lemire's bitset decoding). */
-int64_t homagg_set_bits32(const uint32_t *words, int64_t n, int64_t *pos) {
+ * set bit plus 4 (scratch written past the end).  Returns how many were written; with pos NULL
+ * only counts them.  Decoded a 64-bit word at a time, four trailing-zero counts per step whatever
+ * the word holds (a branch per 4 bits, not per bit: Lemire's bitset decoding). */
+HOMAGG_POPCNT int64_t homagg_set_bits32(const uint32_t *words, int64_t n, int64_t *pos) {
     int64_t k = 0;
     if (!pos) {
         for (int64_t w = 0; w < n; w++)
@@ -90,19 +94,38 @@ int64_t homagg_set_bits32(const uint32_t *words, int64_t n, int64_t *pos) {
         uint64_t b = words[w];
         if (w + 1 < n)
             b |= (uint64_t)words[w + 1] << 32;
-        if (!b)
-            continue;
         int64_t base = w * 32, *out = pos + k;
         int count = __builtin_popcountll(b);
-        for (int j = 0; j < count; j += 8) {
-            for (int i = 0; i < 8; i++) {
-                out[j + i] = base + __builtin_ctzll(b | 1ULL << 63); /* an emptied word: scratch */
+        for (int j = 0; j < 4; j++) { /* unconditionally: no branch on an empty word */
+            out[j] = base + __builtin_ctzll(b | 1ULL << 63); /* an emptied word: scratch */
+            b &= b - 1;
+        }
+        for (int j = 4; j < count; j += 4) {
+            for (int i = 0; i < 4; i++) {
+                out[j + i] = base + __builtin_ctzll(b | 1ULL << 63);
                 b &= b - 1;
             }
         }
         k += count;
     }
     return k;
+}
+
+/* For ascending positions pos[0..k) whose bits are set in n 32-bit bitmap words: out[i] = how many
+ * set bits come before pos[i] (its slot among the set bits).  One walk over the words and the
+ * positions.  Returns 0, or -1 (out unspecified) when the positions are not ascending or in range. */
+HOMAGG_POPCNT int64_t homagg_bit_ranks32(const uint32_t *words, int64_t n, const int64_t *pos, int64_t k, int64_t *out) {
+    int64_t w = 0, before = 0, last = -1;
+    for (int64_t i = 0; i < k; i++) {
+        int64_t p = pos[i], wi = p >> 5;
+        if (p < last || p < 0 || wi >= n)
+            return -1;
+        last = p;
+        while (w < wi)
+            before += __builtin_popcount(words[w++]);
+        out[i] = before + __builtin_popcount(words[wi] & ((1u << (p & 31)) - 1u));
+    }
+    return 0;
 }
 
 /* out[i] = x[pos[i]] for 32-bit elements. */

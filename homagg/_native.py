@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "pack32", "set_bits32", "bit_ranks32", "gather32"]
+__all__ = ["AVAILABLE", "pack32", "set_bits32", "gather32"]
 
 
 def _load() -> ctypes.CDLL | None:
@@ -35,8 +35,6 @@ def _load() -> ctypes.CDLL | None:
             lib.homagg_pack32.restype = i64
             lib.homagg_set_bits32.argtypes = [ptr, i64, ptr]
             lib.homagg_set_bits32.restype = i64
-            lib.homagg_bit_ranks32.argtypes = [ptr, i64, ptr, i64, ptr]
-            lib.homagg_bit_ranks32.restype = i64
             lib.homagg_gather32.argtypes = [ptr, ptr, i64, ptr]
             lib.homagg_gather32.restype = None
             return lib
@@ -70,18 +68,6 @@ def set_bits32(words: np.ndarray, count: int | None = None) -> np.ndarray:
     written = _LIB.homagg_set_bits32(words.ctypes.data, words.size, pos.ctypes.data)
     assert written == count
     return pos[:count]
-
-
-def bit_ranks32(words: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
-    """For ascending int64 ``positions`` whose bits are set in contiguous 32-bit ``words``: the
-    number of set bits before each; ``None`` when ``positions`` are not ascending or out of range
-    (the caller then takes the general path)."""
-    assert _LIB is not None and words.itemsize == 4 and words.flags.c_contiguous
-    positions = np.ascontiguousarray(positions, dtype=np.int64)
-    out = np.empty(positions.size + 1, dtype=np.int64)[: positions.size]  # never a stride-0 empty array
-    if _LIB.homagg_bit_ranks32(words.ctypes.data, words.size, positions.ctypes.data, positions.size, out.ctypes.data):
-        return None
-    return out
 
 
 def gather32(x: np.ndarray, pos: np.ndarray) -> np.ndarray:

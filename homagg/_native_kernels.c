@@ -111,23 +111,6 @@ HOMAGG_POPCNT int64_t homagg_set_bits32(const uint32_t *words, int64_t n, int64_
     return k;
 }
 
-/* For ascending positions pos[0..k) whose bits are set in n 32-bit bitmap words: out[i] = how many
- * set bits come before pos[i] (its slot among the set bits).  One walk over the words and the
- * positions.  Returns 0, or -1 (out unspecified) when the positions are not ascending or in range. */
-HOMAGG_POPCNT int64_t homagg_bit_ranks32(const uint32_t *words, int64_t n, const int64_t *pos, int64_t k, int64_t *out) {
-    int64_t w = 0, before = 0, last = -1;
-    for (int64_t i = 0; i < k; i++) {
-        int64_t p = pos[i], wi = p >> 5;
-        if (p < last || p < 0 || wi >= n)
-            return -1;
-        last = p;
-        while (w < wi)
-            before += __builtin_popcount(words[w++]);
-        out[i] = before + __builtin_popcount(words[wi] & ((1u << (p & 31)) - 1u));
-    }
-    return 0;
-}
-
 /* out[i] = x[pos[i]] for 32-bit elements. */
 void homagg_gather32(const uint32_t *x, const int64_t *pos, int64_t k, uint32_t *out) {
     for (int64_t i = 0; i < k; i++)

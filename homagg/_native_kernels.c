@@ -13,6 +13,7 @@
  * is built without -mavx2 and runs on any x86-64 (and, without the AVX2 part, elsewhere).
  */
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -79,34 +80,50 @@ int64_t homagg_pack32(const uint32_t *x, int64_t n, uint32_t mask, uint64_t *wor
     return pack32_scalar(x, n, mask, words);
 }
 
+/* Write the positions base + i of the set bits i of b to out (ascending); returns how many.  Four
+ * trailing-zero counts per step whatever the word holds: a branch per four bits, not per bit
+ * (Lemire's bitset decoding); up to 3 scratch entries are written past the returned count. */
+static inline __attribute__((always_inline)) int decode64(uint64_t b, int64_t base, int64_t *out) {
+    int count = __builtin_popcountll(b);
+    for (int j = 0; j < 4; j++) {
+        out[j] = base + __builtin_ctzll(b | 1ULL << 63); /* an emptied word: scratch */
+        b &= b - 1;
+    }
+    for (int j = 4; j < count; j += 4) {
+        for (int i = 0; i < 4; i++) {
+            out[j + i] = base + __builtin_ctzll(b | 1ULL << 63);
+            b &= b - 1;
+        }
+    }
+    return count;
+}
+
 /* Positions (ascending, int64) of the set bits of n 32-bit bitmap words; pos holds room for every
  * set bit plus 4 (scratch written past the end).  Returns how many were written; with pos NULL
- * only counts them.  Decoded a 64-bit word at a time, four trailing-zero counts per step whatever
- * the word holds (a branch per 4 bits, not per bit: Lemire's bitset decoding). */
+ * only counts them.  Groups of 256 bits without a set bit are skipped with one test (sparse
+ * bitmaps), the others decoded a 64-bit word at a time by decode64 (measured, 25M bits: 0.33 ms
+ * at 0.1% set, 0.73 ms at 1%, 0.78 ms at 2.5%; a branch per word took 0.34 / 1.77 / 1.26 ms,
+ * none 0.82 / 0.82 / 0.88 ms). */
 HOMAGG_POPCNT int64_t homagg_set_bits32(const uint32_t *words, int64_t n, int64_t *pos) {
-    int64_t k = 0;
+    int64_t k = 0, w = 0;
     if (!pos) {
-        for (int64_t w = 0; w < n; w++)
+        for (; w < n; w++)
             k += __builtin_popcount(words[w]);
         return k;
     }
-    for (int64_t w = 0; w < n; w += 2) {
+    for (; w + 8 <= n; w += 8) {
+        uint64_t q[4];
+        memcpy(q, words + w, sizeof q);
+        if (!(q[0] | q[1] | q[2] | q[3]))
+            continue;
+        for (int h = 0; h < 4; h++)
+            k += decode64(q[h], (w + 2 * h) * 32, pos + k);
+    }
+    for (; w < n; w += 2) {
         uint64_t b = words[w];
         if (w + 1 < n)
             b |= (uint64_t)words[w + 1] << 32;
-        int64_t base = w * 32, *out = pos + k;
-        int count = __builtin_popcountll(b);
-        for (int j = 0; j < 4; j++) { /* unconditionally: no branch on an empty word */
-            out[j] = base + __builtin_ctzll(b | 1ULL << 63); /* an emptied word: scratch */
-            b &= b - 1;
-        }
-        for (int j = 4; j < count; j += 4) {
-            for (int i = 0; i < 4; i++) {
-                out[j + i] = base + __builtin_ctzll(b | 1ULL << 63);
-                b &= b - 1;
-            }
-        }
-        k += count;
+        k += decode64(b, w * 32, pos + k);
     }
     return k;
 }

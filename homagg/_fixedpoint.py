@@ -31,6 +31,7 @@ import torch
 from ._errors import InputError, IntegerOverflowError, NonFiniteError
 
 __all__ = [
+    "float32_factors",
     "EMPTY_EXPONENT",
     "precision_bits",
     "is_float_dtype",
@@ -164,17 +165,34 @@ def quantize(idx: torch.Tensor, values: torch.Tensor, exponents: torch.Tensor, b
 
 def dequantize(idx: torch.Tensor, sums: torch.Tensor, exponents: torch.Tensor, block_size: int, world_size: int, dtype: torch.dtype) -> torch.Tensor:
     """Combined int32 grid sums at positions ``idx`` -> values of ``dtype`` (one final rounding)."""
-    p = precision_bits(world_size)
+    shift = _dequantize_shift(exponents, world_size)
+    blk = _block_of(idx, block_size)
+    factor = float32_factors(exponents, world_size, shift) if dtype == torch.float32 else None
+    if factor is not None:
+        return sums.to(torch.float32) * factor.index_select(0, blk)
+    return _scale_by_block(sums.to(torch.float64), blk, shift).to(dtype)
+
+
+def _dequantize_shift(exponents: torch.Tensor, world_size: int) -> torch.Tensor:
     e = exponents.to(torch.int64)
     # A block whose exponent is EMPTY can only hold zero sums; keep its shift in range.
-    shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - p)
-    blk = _block_of(idx, block_size)
-    if dtype == torch.float32 and bool(((shift >= -126) & (shift <= 96)).all()):
-        # Every nonzero result |sum| * 2**shift (1 <= |sum| < 2**31) is a normal float32: rounding
-        # the sum to float32 once and scaling by an exact power of two gives the same float32 as
-        # scaling exactly in float64 and rounding once (round-to-nearest-even commutes with 2**k).
-        return sums.to(torch.float32) * _pow2(shift, torch.float32).index_select(0, blk)
-    return _scale_by_block(sums.to(torch.float64), blk, shift).to(dtype)
+    return torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - precision_bits(world_size))
+
+
+def float32_factors(exponents: torch.Tensor, world_size: int, shift: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Per block, the float32 power of two that turns an int32 grid sum into its float32 result
+    (``float32(sum) * factor``), or ``None`` when some block's scale leaves float32's normal range
+    (then only float64 scaling and one rounding give the exact float32).
+
+    Every nonzero result |sum| * 2**shift (1 <= |sum| < 2**31) with shift in [-126, 96] is a normal
+    float32: rounding the sum to float32 once and scaling by an exact power of two gives the same
+    float32 as scaling exactly in float64 and rounding once (round-to-nearest-even commutes with
+    2**k)."""
+    if shift is None:
+        shift = _dequantize_shift(exponents, world_size)
+    if not bool(((shift >= -126) & (shift <= 96)).all()):
+        return None
+    return _pow2(shift, torch.float32)
 
 
 def to_limbs(values: torch.Tensor, limbs: int) -> torch.Tensor:

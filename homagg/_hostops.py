@@ -26,7 +26,7 @@ import torch
 
 from . import _native
 
-__all__ = ["nonzero_positions", "nonzeros_and_bitmap", "nonzero_word_bitmap", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "scatter_", "gather"]
+__all__ = ["nonzero_positions", "nonzeros_and_bitmap", "nonzero_word_bitmap", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "decode_into_", "scatter_", "gather"]
 
 _CHUNK = 1 << 20  #: elements per chunk of the nonzero scan (its bool buffer stays in cache)
 
@@ -219,6 +219,20 @@ def gather(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     if not (_host(src) and _host(index)) or src.dtype == torch.bfloat16:
         return src[index]
     return torch.from_numpy(src.numpy().take(index.numpy()))
+
+
+def decode_into_(out: torch.Tensor, positions: torch.Tensor, sums: torch.Tensor, factor: torch.Tensor,
+                 block_size: int) -> None:
+    """``out[positions] = sums.to(float32) * factor[positions // block_size]`` for 1-D float32
+    ``out`` (distinct positions, int32 ``sums``, one float32 factor per block): on CPU one native
+    pass without the block index, gathered factors and decoded values as temporaries."""
+    pow2 = block_size & (block_size - 1) == 0
+    if (_native.AVAILABLE and pow2 and out.dtype == torch.float32 and sums.dtype == torch.int32 and _host(out)
+            and _host(positions) and _host(sums) and _host(factor)):
+        _native.decode_into32(out.numpy(), positions.numpy(), sums.numpy(), factor.numpy(), block_size.bit_length() - 1)
+        return
+    blk = positions >> (block_size.bit_length() - 1) if pow2 else positions // block_size
+    scatter_(out, positions, sums.to(torch.float32) * factor.index_select(0, blk))
 
 
 def scatter_(out: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "pack32", "set_bits32", "gather32"]
+__all__ = ["AVAILABLE", "pack32", "set_bits32", "gather32", "decode_into32"]
 
 
 def _load() -> ctypes.CDLL | None:
@@ -35,6 +35,8 @@ def _load() -> ctypes.CDLL | None:
             lib.homagg_pack32.restype = i64
             lib.homagg_set_bits32.argtypes = [ptr, i64, ptr]
             lib.homagg_set_bits32.restype = i64
+            lib.homagg_decode_into32.argtypes = [ptr, i64, ptr, ptr, i64, ptr, i64, ctypes.c_int]
+            lib.homagg_decode_into32.restype = i64
             lib.homagg_gather32.argtypes = [ptr, ptr, i64, ptr]
             lib.homagg_gather32.restype = None
             return lib
@@ -78,3 +80,19 @@ def gather32(x: np.ndarray, pos: np.ndarray) -> np.ndarray:
     out = np.empty(pos.size, dtype=x.dtype)
     _LIB.homagg_gather32(x.ctypes.data, pos.ctypes.data, pos.size, out.ctypes.data)
     return out
+
+
+def decode_into32(out: np.ndarray, pos: np.ndarray, sums: np.ndarray, factor: np.ndarray, shift: int) -> None:
+    """``out[pos] = sums.astype(float32) * factor[pos >> shift]`` for contiguous float32 ``out``,
+    int64 ``pos``, int32 ``sums`` and float32 ``factor`` (one per block of ``2**shift`` elements,
+    covering every ``pos``); :class:`IndexError` (nothing written) for a position outside ``out``
+    or a block without a factor."""
+    assert _LIB is not None and out.dtype == np.float32 and out.flags.c_contiguous and factor.dtype == np.float32
+    pos = np.ascontiguousarray(pos, dtype=np.int64)
+    sums = np.ascontiguousarray(sums, dtype=np.int32)
+    factor = np.ascontiguousarray(factor)
+    if pos.size != sums.size:
+        raise ValueError(f"decode_into32: {sums.size} sums for {pos.size} positions")
+    if pos.size and _LIB.homagg_decode_into32(out.ctypes.data, out.size, pos.ctypes.data, sums.ctypes.data, pos.size,
+                                              factor.ctypes.data, factor.size, shift):
+        raise IndexError(f"a position is outside [0, {out.size}) or its block outside the {factor.size} factors")

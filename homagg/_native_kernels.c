@@ -133,3 +133,17 @@ void homagg_gather32(const uint32_t *x, const int64_t *pos, int64_t k, uint32_t 
     for (int64_t i = 0; i < k; i++)
         out[i] = x[pos[i]];
 }
+
+/* out[pos[i]] = (float)sums[i] * factor[pos[i] >> shift] for i < k: the float32 decode of int32
+ * grid sums (factor: one exact power of two per block of 2**shift elements, nfactor of them)
+ * written straight into the result.  Returns 0, or -1 (nothing written) if a position lies outside
+ * [0, n) or its block outside [0, nfactor). */
+int64_t homagg_decode_into32(float *out, int64_t n, const int64_t *pos, const int32_t *sums, int64_t k,
+                             const float *factor, int64_t nfactor, int shift) {
+    for (int64_t i = 0; i < k; i++)
+        if ((uint64_t)pos[i] >= (uint64_t)n || (pos[i] >> shift) >= nfactor)
+            return -1;
+    for (int64_t i = 0; i < k; i++)
+        out[pos[i]] = (float)sums[i] * factor[pos[i] >> shift];
+    return 0;
+}

@@ -291,7 +291,14 @@ class Worker:
         if out is None:
             out = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
         if positions.numel():
-            _hostops.scatter_(out, positions, self.decode(positions, sums))
+            factor = None
+            if self.dtype == torch.float32:
+                assert self.exponents is not None
+                factor = _fixedpoint.float32_factors(self.exponents, self.world_size)
+            if factor is not None:  # decoded straight into the result (what decode + scatter_ give)
+                _hostops.decode_into_(out, positions, sums[:, 0].contiguous(), factor, self.cfg.block_size)
+            else:
+                _hostops.scatter_(out, positions, self.decode(positions, sums))
         return out
 
 

@@ -239,3 +239,40 @@ def test_nonzero_word_bitmap_equals_packing_the_nonzero_positions(seed, n, densi
 def test_the_native_kernels_are_built_where_a_compiler_is() -> None:
     """An install with a C compiler builds them (setup.py); a silent fallback would hide a broken build."""
     assert _native.AVAILABLE, "homagg/_native_kernels*.so is missing: reinstall (pip install -e .) with a C compiler"
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 5000), world=st.integers(1, 64),
+       block=st.sampled_from([1, 3, 64, 256]), native=st.booleans())
+def test_decode_into_equals_dequantize_then_scatter(seed, n, world, block, native) -> None:
+    """The fused float32 decode writes what dequantize + scatter_ write, bit for bit (a block size
+    that is no power of two takes the torch path)."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = -(-n // block)
+    exps = torch.randint(-90, 100, (blocks,), generator=g, dtype=torch.int32)  # shifts e - (31 - ...) in float32's range
+    exps[torch.rand(blocks, generator=g) < 0.2] = _fixedpoint.EMPTY_EXPONENT
+    pos = torch.nonzero(torch.rand(n, generator=g) < 0.3).squeeze(1)
+    pos = pos[exps[pos // block] != _fixedpoint.EMPTY_EXPONENT]
+    sums = torch.randint(-(2**31) + 1, 2**31, (pos.numel(),), generator=g, dtype=torch.int64).to(torch.int32)
+    factor = _fixedpoint.float32_factors(exps, world)
+    assert factor is not None  # every scale is a normal float32
+    want = torch.full((n,), -7.0)
+    _hostops.scatter_(want, pos, _fixedpoint.dequantize(pos, sums, exps, block, world, torch.float32))
+    got = torch.full((n,), -7.0)  # untouched outside pos
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_native, "AVAILABLE", native and _native.AVAILABLE)
+        _hostops.decode_into_(got, pos, sums, factor, block)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@needs_native
+def test_native_decode_into_refuses_positions_outside_and_writes_nothing() -> None:
+    out = torch.zeros(100)
+    factor = torch.ones(1)  # one block of 128 covers positions 0..127
+    with pytest.raises(IndexError):
+        _native.decode_into32(out.numpy(), torch.tensor([5, 100]).numpy(), torch.tensor([1, 2], dtype=torch.int32).numpy(),
+                              factor.numpy(), 7)
+    with pytest.raises(IndexError):  # position 130's block (1) has no factor
+        _native.decode_into32(torch.zeros(200).numpy(), torch.tensor([5, 130]).numpy(),
+                              torch.tensor([1, 2], dtype=torch.int32).numpy(), factor.numpy(), 7)
+    assert not out.any()

@@ -186,6 +186,8 @@ def bit_ranks(words: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """For int64 ``positions`` whose bits are set in the int32 bitmap ``words``: how many set bits
     come before each (its slot among the set bits), i.e. ``searchsorted(set_bit_positions(words),
     positions)``, from per-word popcounts and their prefix sums (O(words + positions))."""
+    if _native.AVAILABLE and _host(words) and _host(positions) and words.dtype == torch.int32:
+        return torch.from_numpy(_native.bit_ranks32(words.numpy(), positions.numpy()))
     if _host(words) and _host(positions) and hasattr(np, "bitwise_count"):
         w = words.numpy().view(np.uint32)
         counts = np.bitwise_count(w)

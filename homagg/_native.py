@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "pack32", "set_bits32", "gather32", "decode_into32"]
+__all__ = ["AVAILABLE", "pack32", "set_bits32", "bit_ranks32", "gather32", "decode_into32"]
 
 
 def _load() -> ctypes.CDLL | None:
@@ -37,6 +37,8 @@ def _load() -> ctypes.CDLL | None:
             lib.homagg_set_bits32.restype = i64
             lib.homagg_decode_into32.argtypes = [ptr, i64, ptr, ptr, i64, ptr, i64, ctypes.c_int]
             lib.homagg_decode_into32.restype = i64
+            lib.homagg_bit_ranks32.argtypes = [ptr, i64, ptr, i64, ptr, ptr]
+            lib.homagg_bit_ranks32.restype = i64
             lib.homagg_gather32.argtypes = [ptr, ptr, i64, ptr]
             lib.homagg_gather32.restype = None
             return lib
@@ -70,6 +72,19 @@ def set_bits32(words: np.ndarray, count: int | None = None) -> np.ndarray:
     written = _LIB.homagg_set_bits32(words.ctypes.data, words.size, pos.ctypes.data)
     assert written == count
     return pos[:count]
+
+
+def bit_ranks32(words: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """For int64 ``positions`` (any order) whose bits are set in contiguous 32-bit ``words``: how
+    many set bits come before each; :class:`IndexError` for a position outside the words."""
+    assert _LIB is not None and words.itemsize == 4 and words.flags.c_contiguous
+    positions = np.ascontiguousarray(positions, dtype=np.int64)
+    out = np.empty(positions.size + 1, dtype=np.int64)[: positions.size]  # never a stride-0 empty array
+    before = np.empty(words.size + 1, dtype=np.int64)
+    if _LIB.homagg_bit_ranks32(words.ctypes.data, words.size, positions.ctypes.data, positions.size,
+                               before.ctypes.data, out.ctypes.data):
+        raise IndexError(f"a position lies outside the {32 * words.size} bits")
+    return out
 
 
 def gather32(x: np.ndarray, pos: np.ndarray) -> np.ndarray:

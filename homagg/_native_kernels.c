@@ -128,6 +128,26 @@ HOMAGG_POPCNT int64_t homagg_set_bits32(const uint32_t *words, int64_t n, int64_
     return k;
 }
 
+/* For positions pos[0..k) whose bits are set in n 32-bit bitmap words: out[i] = how many set bits
+ * come before pos[i] (its slot among the set bits).  Two branch-free passes: the running count
+ * before every word (into before[0..n)), then one lookup and one popcount per position.  Returns
+ * 0, or -1 (out unspecified) when a position lies outside the words. */
+HOMAGG_POPCNT int64_t homagg_bit_ranks32(const uint32_t *words, int64_t n, const int64_t *pos, int64_t k,
+                                         int64_t *before, int64_t *out) {
+    int64_t run = 0;
+    for (int64_t w = 0; w < n; w++) {
+        before[w] = run;
+        run += __builtin_popcount(words[w]);
+    }
+    for (int64_t i = 0; i < k; i++) {
+        int64_t p = pos[i];
+        if (p < 0 || (p >> 5) >= n)
+            return -1;
+        out[i] = before[p >> 5] + __builtin_popcount(words[p >> 5] & ((1u << (p & 31)) - 1u));
+    }
+    return 0;
+}
+
 /* out[i] = x[pos[i]] for 32-bit elements. */
 void homagg_gather32(const uint32_t *x, const int64_t *pos, int64_t k, uint32_t *out) {
     for (int64_t i = 0; i < k; i++)

@@ -171,10 +171,11 @@ def test_block_scaling_equals_elementwise_scaling(seed, world, block, spread) ->
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**31), n=st.integers(1, 20_000), density=st.sampled_from([0.001, 0.1, 0.7, 1.0]),
-       mine=st.sampled_from([0.0, 0.3, 1.0]), path=st.sampled_from(["numpy", "torch"]), shuffled=st.booleans())
+       mine=st.sampled_from([0.0, 0.3, 1.0]), path=st.sampled_from(["native", "numpy", "torch"]),
+       shuffled=st.booleans())
 def test_bit_ranks_equal_searchsorted_in_the_union(seed, n, density, mine, path, shuffled) -> None:
     """A worker's slot in the union: from popcounts of the OR-ed bitmap == searchsorted(union),
-    on both paths, for positions in any order."""
+    on every path, for positions in any order."""
     g = torch.Generator().manual_seed(seed)
     union = torch.nonzero(torch.rand(n, generator=g) < density).squeeze(1)
     own = union[torch.rand(union.numel(), generator=g) < mine]
@@ -183,6 +184,7 @@ def test_bit_ranks_equal_searchsorted_in_the_union(seed, n, density, mine, path,
     words = pack_positions(union, n)
     want = torch.searchsorted(union, own)
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_native, "AVAILABLE", path == "native" and _native.AVAILABLE)
         if path == "torch":  # the torch path (other devices, numpy < 2)
             mp.setattr(_hostops, "_host", lambda t: False)
         got = _hostops.bit_ranks(words, own)
@@ -276,3 +278,10 @@ def test_native_decode_into_refuses_positions_outside_and_writes_nothing() -> No
         _native.decode_into32(torch.zeros(200).numpy(), torch.tensor([5, 130]).numpy(),
                               torch.tensor([1, 2], dtype=torch.int32).numpy(), factor.numpy(), 7)
     assert not out.any()
+
+
+@needs_native
+def test_native_bit_ranks_refuse_a_position_outside_the_bitmap() -> None:
+    words = pack_positions(torch.tensor([3, 40]), 64)
+    with pytest.raises(IndexError):
+        _native.bit_ranks32(words.numpy(), torch.tensor([3, 64]).numpy())

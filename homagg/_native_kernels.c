@@ -1,16 +1,22 @@
-/* homagg's optional native kernels: the nonzero scan and the bit listing of the codec's hot path.
+/* homagg's optional native kernels, the codec's CPU hot path: the nonzero scan (homagg_pack32 +
+ * homagg_set_bits32 + homagg_gather32), the union's positions (homagg_set_bits32), the local
+ * elements' slots in the union (homagg_bit_ranks32) and the float32 decode into the result
+ * (homagg_decode_into32).
  *
- * Plain C, no Python API: homagg/_hostops.py loads the built library with ctypes and falls back
- * to its numpy code when the library is absent (no compiler at install time) or the input is not
- * a contiguous 32-bit CPU array.  Every function returns exactly what that numpy code returns;
- * tests/test_hostops.py checks the two paths against each other and against torch.
+ * Plain C, no Python API: homagg/_native.py loads the built library with ctypes; homagg/_hostops.py
+ * uses it and falls back to its numpy (or torch) code when the library is absent (no compiler at
+ * install time, or HOMAGG_NATIVE=0) or the input is not a contiguous 32-bit CPU array.  Every
+ * function returns exactly what that code returns; tests/test_hostops.py checks the paths against
+ * each other and against torch.  homagg_bit_ranks32 and homagg_decode_into32 check the positions
+ * they are given and write nothing (returning -1) when one is out of range; homagg_gather32 takes
+ * positions homagg_set_bits32 listed from the same array's bitmap.
+ *
+ * popcnt (target_clones, an ifunc) and AVX2 are picked at load / run time: the library is built
+ * with plain -O3 and runs on any x86-64; elsewhere the portable loops are compiled.
  *
  * Bitmaps are little-endian words: element i is bit i % 64 of 64-bit word i / 64, i.e. bit i % 8
  * of byte i / 8 -- the layout of np.packbits(..., bitorder="little") and of homagg's int32
  * bitmap words on a little-endian host.
- *
- * The AVX2 variant of the pack loop is chosen at run time (__builtin_cpu_supports), so the library
- * is built without -mavx2 and runs on any x86-64 (and, without the AVX2 part, elsewhere).
  */
 #include <stdint.h>
 #include <string.h>

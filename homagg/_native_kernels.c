@@ -8,8 +8,9 @@
  * install time, or HOMAGG_NATIVE=0) or the input is not a contiguous 32-bit CPU array.  Every
  * function returns exactly what that code returns; tests/test_hostops.py checks the paths against
  * each other and against torch.  homagg_bit_ranks32 and homagg_decode_into32 check the positions
- * they are given and write nothing (returning -1) when one is out of range; homagg_gather32 takes
- * positions homagg_set_bits32 listed from the same array's bitmap.
+ * they are given and return -1 when one is out of range (homagg_decode_into32 then writes nothing
+ * into the result); homagg_gather32 takes positions homagg_set_bits32 listed from the same
+ * array's bitmap.
  *
  * popcnt (target_clones, an ifunc) and AVX2 are picked at load / run time: the library is built
  * with plain -O3 and runs on any x86-64; elsewhere the portable loops are compiled.

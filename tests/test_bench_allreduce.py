@@ -132,3 +132,21 @@ def test_bad_codec_options_are_refused_before_any_rank_starts(bad: str, capsys: 
     with pytest.raises(SystemExit) as exc:
         main(["bench", "allreduce", "--codec", bad])
     assert exc.value.code == 2 and "codec" in capsys.readouterr().err
+
+
+def test_rank_lines_arrive_whole_while_the_launcher_reads() -> None:
+    """A rank writes while the launcher polls its output file: every line arrives whole and in
+    order (the rank's writes append; the launcher's seek-and-read of the same file must not move
+    where they land)."""
+    code = ("import sys, time\n"
+            "for i in range(4000):\n"
+            "    print('line', i, 'x' * (i % 97), flush=True)\n"
+            "    if i % 500 == 0: time.sleep(0.12)\n")
+    seen: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("homagg.bench._ranks._POLL_S", 0.0005)  # read as often as possible: the race window
+        lines = launch_ranks([sys.executable, "-c", code], 1, label="t", stall_timeout=30,
+                             on_line=lambda rank, line: seen.append(line))[0]
+    want = [f"line {i} {'x' * (i % 97)}".rstrip() for i in range(4000)]
+    assert [ln.rstrip() for ln in lines] == want
+    assert [ln.rstrip() for ln in seen] == want

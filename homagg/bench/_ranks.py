@@ -61,8 +61,11 @@ class _Rank:
 
     def __init__(self, rank: int, cmd: Sequence[str], env: Mapping[str, str], folder: Path) -> None:
         self.rank = rank
-        self.out: IO[bytes] = open(folder / f"rank{rank}.out", "w+b")  # noqa: SIM115 - closed in close()
-        self.err: IO[bytes] = open(folder / f"rank{rank}.err", "w+b")  # noqa: SIM115
+        # append mode (O_APPEND): the rank's writes land at the end whatever the shared file offset,
+        # which new_lines moves with its seek-and-read (with "w+b" a write between the two landed
+        # mid-file, over earlier output: a record line lost its newline)
+        self.out: IO[bytes] = open(folder / f"rank{rank}.out", "a+b")  # noqa: SIM115 - closed in close()
+        self.err: IO[bytes] = open(folder / f"rank{rank}.err", "a+b")  # noqa: SIM115
         self.lines: list[str] = []
         self._read = 0
         self._partial = b""

@@ -86,9 +86,10 @@ def test_native_scan_edges_equal_numpy(dtype, n) -> None:
 
 @needs_native
 def test_native_set_bits_of_full_and_sparse_words() -> None:
-    """Words with 0, 1, 8, 9 and 32 set bits (the decoder lists eight per step), odd word counts."""
-    for n_words in (1, 2, 3, 7):
-        for bits in (0, 1, 8, 9, 31, 32):
+    """Words with 0 to 32 set bits around the decoder's step of four, odd word counts, and groups of
+    256 bits (8 words) that the decoder skips when empty."""
+    for n_words in (1, 2, 3, 7, 8, 9, 17):
+        for bits in (0, 1, 4, 5, 8, 9, 31, 32):
             words = torch.zeros(n_words, dtype=torch.int32)
             for w in range(n_words):
                 words[w] = torch.tensor((1 << bits) - 1 if bits < 32 else -1, dtype=torch.int64).to(torch.int32)

@@ -1,4 +1,8 @@
-"""Shared pytest set-up: markers that skip, with a reason, where their tool is missing."""
+"""Shared pytest set-up: markers that skip, with a reason, where their tool is missing.
+
+``HOMAGG_REQUIRE=bmv2,mininet`` (CI sets it where it installed the tools) turns such a skip into
+a failure for the markers named, so a tool that silently went missing cannot pass as a skip.
+"""
 
 from __future__ import annotations
 
@@ -29,13 +33,54 @@ def _skip_reason(marker: str) -> str | None:
     return None
 
 
+def _required() -> set[str]:
+    return {m.strip() for m in os.environ.get("HOMAGG_REQUIRE", "").split(",") if m.strip()}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     cache: dict[str, str | None] = {}
+    required = _required()
     for item in items:
         for marker in ("gpu", "bmv2", "mininet"):
             if item.get_closest_marker(marker) is None:
                 continue
             if marker not in cache:
                 cache[marker] = _skip_reason(marker)
-            if cache[marker]:
+            if cache[marker] and marker in required:
+                item.add_marker(pytest.mark.usefixtures("_homagg_required_tool_missing"))
+                item.user_properties.append(("homagg_missing", f"{marker}: {cache[marker]}"))
+            elif cache[marker]:
                 item.add_marker(pytest.mark.skip(reason=cache[marker]))
+
+
+@pytest.fixture
+def _homagg_required_tool_missing(request: pytest.FixtureRequest) -> None:
+    """Fails a test whose tool is missing although ``HOMAGG_REQUIRE`` names its marker."""
+    why = dict(request.node.user_properties)["homagg_missing"]
+    pytest.fail(f"HOMAGG_REQUIRE names this test's marker, but its tool is missing ({why})")
+
+
+_TOOL_MARKERS = ("bmv2", "mininet", "gpu")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Remember each test's outcome per tool marker (for the summary below)."""
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        for m in _TOOL_MARKERS:
+            if m in report.keywords:
+                _by_marker.setdefault(m, {}).setdefault(report.outcome, 0)
+                _by_marker[m][report.outcome] += 1
+
+
+_by_marker: dict[str, dict[str, int]] = {}
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line per tool marker: how many of its tests passed, failed, were skipped."""
+    if not _by_marker:
+        return
+    terminalreporter.section("tests that need tools")
+    for m in _TOOL_MARKERS:
+        counts = _by_marker.get(m, {})
+        if counts:
+            terminalreporter.write_line(f"{m}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))

@@ -99,6 +99,7 @@ class PcapSwitch:
         exe = shutil.which(SIMPLE_SWITCH)
         if exe is None:
             raise ConfigError(f"{SIMPLE_SWITCH} not on PATH; see README.md, section 'Getting p4c and BMv2'")
+        self.folder.mkdir(parents=True, exist_ok=True)
         for p in self.ports:
             write_pcap(self.folder / f"p{p}_in.pcap", self.inputs.get(p, []))
         args = [exe, "--use-files", str(self.start_delay_s), "--device-id", str(self.device_id),

@@ -15,13 +15,21 @@ from .._errors import SwitchTimeoutError
 __all__ = ["stall_error"]
 
 
-def stall_error(ctl: Any, job_id: int, rank: int, timeout: float, slot: int, bank: int, stream: str, offset: int,
-                pending: int, refused: int) -> SwitchTimeoutError:
-    """The :class:`~homagg.SwitchTimeoutError` of worker ``rank`` waiting ``timeout`` s on ``slot``
-    and ``bank`` (``pending`` chunks outstanding; ``refused``: ICMP port-unreachable answers seen);
-    ``ctl`` is the port's control client or None."""
+def stall_error(ctl: Any, job_id: int, rank: int, stalled_s: float, slot: int, bank: int, stream: str, offset: int,
+                pending: int, refused: int, gone: str | None = None) -> SwitchTimeoutError:
+    """The :class:`~homagg.SwitchTimeoutError` of worker ``rank`` waiting ``stalled_s`` s on
+    ``slot`` and ``bank`` (``pending`` chunks outstanding; ``refused``: ICMP port-unreachable
+    answers seen); ``ctl`` is the port's control client or None; ``gone``: why the switch is known
+    to be dead (:mod:`._liveness`; then it is not asked, and the error says so first)."""
     missing: list[int] | None = None
     detail = "switch not asked (no control address)"
+    if gone is not None:
+        err = SwitchTimeoutError(
+            f"job {job_id} worker {rank}: {gone}; no progress for {stalled_s:.2f}s, waiting on slot {slot} bank "
+            f"{bank} (stream {stream!r} offset {offset}, {pending} chunks pending)")
+        err.job_id, err.slot, err.bank, err.offset, err.stream, err.missing = (  # type: ignore[attr-defined]
+            job_id, slot, bank, offset, stream, None)
+        return err
     if ctl is not None:
         try:
             b = ctl.slot_status(job_id, slot)["banks"][bank]
@@ -36,7 +44,7 @@ def stall_error(ctl: Any, job_id: int, rank: int, timeout: float, slot: int, ban
         detail += (f"; the switch's data port refused {refused} datagrams (ICMP port unreachable): "
                    "is the switch process gone?")
     err = SwitchTimeoutError(
-        f"job {job_id} worker {rank}: no progress for {timeout}s; waiting on slot {slot} bank {bank} "
+        f"job {job_id} worker {rank}: no progress for {stalled_s:.1f}s; waiting on slot {slot} bank {bank} "
         f"(stream {stream!r} offset {offset}, {pending} chunks pending); {detail}")
     err.job_id, err.slot, err.bank, err.offset, err.stream, err.missing = (  # type: ignore[attr-defined]
         job_id, slot, bank, offset, stream, missing)

@@ -7,15 +7,18 @@ A round's streams are cut into chunks of at most K = ``words_per_packet`` words.
 * tag ``g % 2**16`` (lets the switch tell a late copy from the next use of a bank),
 * offset = word offset of the chunk within its stream.
 
-Self-clocking (SwitchML): the window is the job's ``n_slots``; the chunk ``g + n_slots`` is sent
-into a slot only after the result of chunk ``g`` came back.  A chunk without result after its RTO
+Self-clocking (SwitchML): a chunk is sent into a slot only after the result of the slot's previous
+chunk came back, and at most a congestion window of chunks (at most ``n_slots``) is in flight:
+AIMD, with the reordering a software switch does tolerated (:mod:`._window`).  A chunk without result after its RTO
 is resent with ``FLAG_RETRANSMIT``; the switch answers a retransmission of a completed slot from
 its shadow copy.  The RTO is RFC 6298's, per port (= per job and slot window), with Karn's rule,
 exponential backoff and a floor for a software switch (:mod:`._rto`).  Fast retransmit: every
-worker sends chunks in index order over FIFO paths, so results complete in index order; a result
-for chunk ``c`` while chunk ``i < c - DUPTHRESH`` (sent once) is still outstanding means ``i`` or
-its result was lost, and ``i`` is resent at once (no backoff; the timer stays the backstop, e.g.
-for the last chunks of a round).  When no result at all arrived for a whole RTO (a late peer or a
+worker sends chunks in index order, so results mostly complete in index order; a result for chunk
+``c`` while chunk ``i < c - DUPTHRESH`` (sent once) is still outstanding means ``i`` or its result
+was lost, and ``i`` is resent at once (no backoff; the timer stays the backstop, e.g. for the last
+chunks of a round).  A stalled round
+whose switch is gone (control port refusing, data port answering ICMP port unreachable) raises
+within a few RTOs, not at the timeout (:mod:`._liveness`).  When no result at all arrived for a whole RTO (a late peer or a
 stalled switch rather than losses), an expiry resends only the oldest chunk and restarts the other
 timers.  Duplicated, reordered and stale results are ignored (matched on slot, bank, tag, offset),
 and so are results without the job's token (wire v2; a forged result from an off-path host).
@@ -26,7 +29,8 @@ and so are results without the job's token (wire v2; a forged result from an off
 switch had counted the first copy and answered the retransmission too; a retransmission the switch
 drops as ``duplicate`` before completion is counted only by the switch), ``results``, ``ignored``
 (datagrams that are no result of this job), ``group_probes`` (other workers' probes of the result
-group, received while they joined), ``rounds``, ``rtt_samples``, ``rto_backoffs``, ``srtt_us``, ``rto_us`` (current estimator state).
+group, received while they joined), ``rounds``, ``rtt_samples``, ``rto_backoffs``, ``srtt_us``, ``rto_us`` (current estimator state),
+``cwnd``, ``window_cuts``, ``window_undos`` (the congestion window's state).
 
 Output arrays are recycled: the port keeps the result arrays of its last two rounds and reuses one
 for a stream of the same length once nothing else references it any more (no tensor, view or
@@ -51,7 +55,6 @@ from __future__ import annotations
 
 import select
 import socket
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -76,10 +79,11 @@ from ..wire import (
 )
 from ._base import Stream, SwitchPort
 from ._control import ControlClient, parse_addr
-from ._errmap import transport_error
-from ._sockets import PROBE_PREFIX, join_results_group, set_buffers
-from ._stall import stall_error
+from ._sockets import PROBE_PREFIX, join_results_group, send_datagram, set_buffers, spare_int32
+from ._liveness import Liveness
 from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
+from ._stall import stall_error
+from ._window import INITIAL_WINDOW, CongestionWindow
 
 __all__ = ["UdpSwitchPort", "DUPTHRESH"]
 
@@ -98,6 +102,7 @@ class UdpSwitchPort(SwitchPort):
     attribute: whether it did), so that the switch sends each result once for all such workers.
     ``secret``: the switch's control secret (default: found as :mod:`._auth` says).  Data packets
     carry ``job.token`` (wire v2), which the switch checks; results with another token are ignored.
+    ``window``: chunks in flight at the start (the congestion window then adapts, up to ``n_slots``).
     """
 
     def __init__(
@@ -120,6 +125,7 @@ class UdpSwitchPort(SwitchPort):
         max_rto: float = MAX_RTO_S,
         multicast: bool = True,
         secret: str | None = None,
+        window: int = INITIAL_WINDOW,
     ) -> None:
         if job is None:
             if job_id is None or world_size is None:
@@ -135,6 +141,8 @@ class UdpSwitchPort(SwitchPort):
         self.switch_addr = parse_addr(switch)
         self.timeout, self.max_rto = timeout, max_rto
         self.rtt = RtoEstimator(rto, min_rto, max_rto)
+        self.window = CongestionWindow(job.n_slots, window)
+        self._liveness = Liveness(parse_addr(control) if control is not None else None)
         self._ctl = ControlClient(control, timeout=min(timeout, 10.0), secret=secret) if control is not None else None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.msock: socket.socket | None = None  # the result group's socket, when subscribed
@@ -151,10 +159,9 @@ class UdpSwitchPort(SwitchPort):
         self._spare: list[np.ndarray] = []  # result arrays of the last rounds, reused once unreferenced
         self._last_g = [-1] * n  # per slot: global sequence number of the last chunk completed there
         self._last_retx = [False] * n  # ... whether it was retransmitted (a second result copy = spurious)
-        self.stats: dict[str, int] = {"packets": 0, "retransmits": 0, "fast_retransmits": 0, "spurious_retransmits": 0,
-                                      "results": 0,
-                                      "ignored": 0, "group_probes": 0, "rounds": 0, "rtt_samples": 0, "rto_backoffs": 0,
-                                      "srtt_us": 0, "rto_us": 0}
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("packets", "retransmits", "fast_retransmits", "spurious_retransmits", "results", "ignored", "group_probes",
+             "rounds", "rtt_samples", "rto_backoffs", "srtt_us", "rto_us"), 0)
         if self._ctl is not None and register:
             try:
                 self._ctl.register(job.job_id, rank, self.local_addr)
@@ -169,7 +176,7 @@ class UdpSwitchPort(SwitchPort):
     # ------------------------------------------------------------------------------------------
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
         srcs = [s.words.detach().cpu().contiguous().numpy() for s in streams]
-        outs = [self._out_array(a.size) for a in srcs]
+        outs = [spare_int32(self._spare, a.size) for a in srcs]
         k = self.job.words_per_packet
         chunks: list[tuple[int, int, int, int]] = []  # (stream, offset, word_count, op)
         for j, (s, a) in enumerate(zip(streams, srcs)):
@@ -180,18 +187,6 @@ class UdpSwitchPort(SwitchPort):
         self._spare = self._spare[-len(outs):] + outs  # at most two rounds' worth
         # results go back to the device the words came from (only compressed words cross to the host)
         return [torch.from_numpy(o).to(s.words.device) for o, s in zip(outs, streams, strict=True)]
-
-    def _out_array(self, n: int) -> np.ndarray:
-        """An int32 array of ``n`` words for results: a spare one nobody references, else a new one."""
-        spare = self._spare
-        for k in range(len(spare)):
-            arr = spare[k]
-            # references: the spare list, ``arr`` and getrefcount's argument; a live tensor, view or
-            # array made from it would add one (torch.from_numpy holds the array)
-            if arr.size == n and sys.getrefcount(arr) <= 3:
-                del spare[k]
-                return arr
-        return np.empty(n, dtype=np.int32)
 
     def _run(self, chunks: list[tuple[int, int, int, int]], srcs: list[np.ndarray], outs: list[np.ndarray],
              streams: Sequence[Stream]) -> None:
@@ -207,11 +202,13 @@ class UdpSwitchPort(SwitchPort):
         deadline = [0.0] * nslot
         tries = [0] * nslot
         est = self.rtt
+        win = self.window
         last_g, last_retx = self._last_g, self._last_retx
         completed = bytearray(total)
         verify_left = sum(1 for ch in chunks if ch[0] == 0) if streams and streams[0].verify else 0
         low = 0  # every chunk below ``low`` has its result
         fr_next = 0  # chunks below this were already considered for fast retransmit
+        nsent = 0  # chunks below this were sent (at least once)
         stats = self.stats
 
         def resend(s: int, now: float) -> None:
@@ -221,6 +218,14 @@ class UdpSwitchPort(SwitchPort):
             tries[s] += 1
             stats["retransmits"] += 1
             deadline[s] = now + min(self.max_rto, est.rto * (2 ** (tries[s] - 1)))
+
+        def fill(now: float) -> None:  # send new chunks while the window allows
+            nonlocal nsent
+            lim = min(total, low + win.size)
+            while nsent < lim:
+                put(nsent, now)
+                nsent += 1
+                stats["packets"] += 1
 
         def put(c: int, now: float) -> None:
             g = seq0 + c
@@ -236,9 +241,7 @@ class UdpSwitchPort(SwitchPort):
             self._send(send, memoryview(buf)[: datagram_len(wc)])
 
         now = time.monotonic()
-        for c in range(min(nslot, total)):
-            put(c, now)
-        self.stats["packets"] += min(nslot, total)
+        fill(now)
         done = 0
         last_progress = now
         next_scan = now + est.rto
@@ -281,23 +284,21 @@ class UdpSwitchPort(SwitchPort):
                         completed[c] = 1
                         while low < total and completed[low]:
                             low += 1
+                        cur[s] = -1
+                        win.on_result()
                         if c - DUPTHRESH > fr_next:  # fast retransmit of chunks overtaken by later results
                             for i in range(max(fr_next, low), c - DUPTHRESH):
                                 si = (seq0 + i) % nslot
                                 if cur[si] == i and tries[si] == 0:
+                                    win.on_loss(seq0 + i, seq0 + nsent)
                                     resend(si, t)
                                     stats["fast_retransmits"] += 1
                             fr_next = c - DUPTHRESH
-                        nxt = c + nslot
-                        if nxt < total:
-                            put(nxt, t)
-                            self.stats["packets"] += 1
-                        else:
-                            cur[s] = -1
+                        fill(t)
                 except BlockingIOError:
                     pass
-                except ConnectionRefusedError:  # ICMP port unreachable: switch not (yet) up, or gone
-                    self.stats["refused"] = self.stats.get("refused", 0) + 1  # keep retrying until timeout
+                except ConnectionRefusedError:  # ICMP port unreachable (see _liveness)
+                    stats["refused"] = stats.get("refused", 0) + 1
             now = time.monotonic()
             if got:
                 last_progress = now
@@ -318,10 +319,13 @@ class UdpSwitchPort(SwitchPort):
                 for s in range(nslot):
                     if cur[s] >= 0:
                         next_scan = min(next_scan, deadline[s])
-                if now - last_progress > self.timeout:
+                gone = self._liveness.gone(now, now - last_progress, stats.get("refused", 0))
+                if gone or now - last_progress > self.timeout:
                     self._seq = seq0 + total  # keep the sequence aligned if the caller retries the job
                     self._sync_rtt_stats()
-                    raise self._timeout_error(chunks, cur, seq0, streams)
+                    raise self._timeout_error(chunks, cur, seq0, streams, now - last_progress, gone)
+                if expired or self._liveness.control is not None:
+                    next_scan = min(next_scan, now + self._liveness.interval_s)
             if not got:
                 select.select(waits, [], [], max(0.0, min(next_scan, last_progress + self.timeout) - now) + 1e-4)
         self._seq = seq0 + total
@@ -352,6 +356,7 @@ class UdpSwitchPort(SwitchPort):
         if g >= 0 and self._last_retx[s] and tag == g & TAG_MASK and bank == (g // self.job.n_slots) & 1:
             self.stats["spurious_retransmits"] += 1
             self._last_retx[s] = False
+            self.window.on_spurious()
 
     def _sync_rtt_stats(self) -> None:
         est = self.rtt
@@ -359,31 +364,25 @@ class UdpSwitchPort(SwitchPort):
         st["rtt_samples"], st["rto_backoffs"] = est.samples, est.backoffs
         st["srtt_us"] = round(1e6 * (est.srtt or 0.0))
         st["rto_us"] = round(1e6 * est.rto)
+        win = self.window
+        st["cwnd"], st["window_cuts"], st["window_undos"] = win.size, win.reductions, win.undos
 
     # ------------------------------------------------------------------------------------------
     def _send(self, send: Any, dgram: memoryview) -> None:
-        try:
-            send(dgram)
-        except BlockingIOError:
-            select.select([], [self.sock], [], 0.05)
-            try:
-                send(dgram)
-            except OSError:
-                pass  # treated as loss: retransmitted after the RTO
-        except ConnectionRefusedError:
-            self.stats["refused"] = self.stats.get("refused", 0) + 1
-        except OSError as exc:
-            raise transport_error(exc, f"job {self.job.job_id} worker {self.rank}: sending to {self.switch_addr}") from exc
+        send_datagram(self.sock, send, dgram, self.stats,
+                      lambda: f"job {self.job.job_id} worker {self.rank}: sending to {self.switch_addr}")
 
     def _timeout_error(self, chunks: list[tuple[int, int, int, int]], cur: list[int], seq0: int,
-                       streams: Sequence[Stream]) -> SwitchTimeoutError:
+                       streams: Sequence[Stream], stalled_s: float, gone: str | None) -> SwitchTimeoutError:
         job = self.job
         pending = [c for c in cur if c >= 0]
         oldest = min(pending)
         g = seq0 + oldest
         j, off, _wc, _op = chunks[oldest]
-        return stall_error(self._ctl, job.job_id, self.rank, self.timeout, job.slot_base + g % job.n_slots,
-                           (g // job.n_slots) & 1, streams[j].name, off, len(pending), self.stats.get("refused", 0))
+        return stall_error(self._ctl, job.job_id, self.rank, stalled_s, job.slot_base + g % job.n_slots,
+                           (g // job.n_slots) & 1, streams[j].name, off, len(pending), self.stats.get("refused", 0),
+                           gone=None if gone is None else f"the switch at {self.switch_addr[0]}:{self.switch_addr[1]} "
+                                                          f"is gone: {gone}")
 
     def close(self) -> None:
         self._spare = []

@@ -1,0 +1,63 @@
+"""Is the switch still there?  Telling a dead switch from a slow one while a round stalls.
+
+A worker whose round makes no progress would otherwise wait its whole progress timeout (30 s by
+default) before :class:`~homagg.SwitchTimeoutError`.  A crashed emulator (embedded or standalone)
+leaves two traces that need no cooperation from it:
+
+* its control port refuses TCP connections (the kernel answers a SYN to a closed port with a
+  reset) or, with the host gone, a connection attempt times out;
+* its data port answers datagrams with ICMP port unreachable, which a connected UDP socket reports
+  as ``ECONNREFUSED`` (the port counts them as ``refused``).
+
+:meth:`Liveness.gone` is called by the port's timer scan.  Once the round has stalled for
+``min_stall_s`` (0.5 s: not scaled by the RTO, whose backoff would push the first probe out to
+seconds; a probe is harmless, since only positive evidence counts) it tries, at most every ``interval_s``, to open a TCP
+connection to the control port (a plain connect: no request, nothing authenticated; a live but
+busy switch is answered by its kernel's listen queue).  Without a control address it trusts the
+data port's refusals once they keep coming for ``no_control_stall_s``.  A slow switch or a late
+peer never looks dead: both keep the control port open and send no ICMP.
+
+Invariant: ``gone`` returns a reason only on positive evidence (a refused or timed-out connect, or
+refusals on the data port); then the caller raises at once instead of at the timeout.
+"""
+
+from __future__ import annotations
+
+import socket
+
+__all__ = ["Liveness"]
+
+
+class Liveness:
+    """Liveness probe of one port's switch (see the module docstring)."""
+
+    def __init__(self, control: tuple[str, int] | None, *, interval_s: float = 0.25, connect_timeout_s: float = 0.5,
+                 min_stall_s: float = 0.5, no_control_stall_s: float = 1.0) -> None:
+        self.control = control
+        self.interval_s, self.connect_timeout_s = interval_s, connect_timeout_s
+        self.min_stall_s, self.no_control_stall_s = min_stall_s, no_control_stall_s
+        self._next = 0.0
+        self.probes = 0
+
+    def gone(self, now: float, stalled_s: float, refused: int) -> str | None:
+        """Why the switch is gone, or None (alive, or not probed yet)."""
+        if stalled_s < self.min_stall_s or now < self._next:
+            return None
+        self._next = now + self.interval_s
+        if self.control is None:
+            if refused and stalled_s >= self.no_control_stall_s:
+                return f"its data port refused {refused} datagrams (ICMP port unreachable)"
+            return None
+        self.probes += 1
+        host, port = self.control
+        try:
+            socket.create_connection((host, port), timeout=self.connect_timeout_s).close()
+        except ConnectionRefusedError:
+            why = f"its control port {host}:{port} refuses connections"
+        except OSError as exc:  # timeout, unreachable host or network
+            why = f"its control port {host}:{port} does not answer ({exc.__class__.__name__})"
+        else:
+            return None
+        if refused:
+            why += f", and its data port refused {refused} datagrams (ICMP port unreachable)"
+        return why

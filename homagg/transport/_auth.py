@@ -1,7 +1,8 @@
 """The control plane's shared secret: where a switch and its clients find it.
 
-Every control request except ``ping`` carries ``"secret"``; the switch compares it (constant time)
-with its own and refuses the request otherwise (:class:`~homagg.AuthenticationError` on the client).
+Every control request except ``ping`` is authenticated with it by challenge and response
+(:mod:`._handshake`: HMAC over fresh nonces, then a MAC per request); the switch refuses the request
+otherwise (:class:`~homagg.AuthenticationError` on the client).
 
 Where the secret comes from, first match wins (:func:`resolve_secret`):
 
@@ -14,8 +15,8 @@ Where the secret comes from, first match wins (:func:`resolve_secret`):
    (a file holding it; surrounding whitespace is stripped).
 
 A secret is never logged, printed, put on a command line (other users can read ``/proc/*/cmdline``)
-nor included in an error message.  It travels in clear on the control connection, which is why
-the control port listens on loopback unless told otherwise.
+nor included in an error message, and it never travels: the control connection carries only
+nonces and MACs (requests and answers themselves are not encrypted).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """Control protocol client: admit/register/remove jobs and read counters on a homagg switch.
 
-Protocol (the emulator serves it; the BMv2 controller mirrors it): JSON lines over TCP.  Each
-request is one JSON object on one line with a ``cmd`` and, for every command but ``ping``, the
-switch's shared ``secret`` (:mod:`._auth` says where client and switch find it); each response is
-one line, ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}`` (with ``"refused": "secret"``
-when the secret was missing or wrong: :class:`~homagg.AuthenticationError`).
+Protocol (the emulator serves it): JSON lines over TCP.  Each request is one JSON object on one
+line with a ``cmd``; each response is one line, ``{"ok": true, ...}`` or ``{"ok": false, "error":
+"..."}``.  Every command but ``ping`` is authenticated with the switch's shared secret (:mod:`._auth`
+says where client and switch find it) by challenge and response, the secret never on the wire:
+once per connection ``challenge`` / ``auth``, then a ``seq`` and ``mac`` in every request
+(:mod:`._handshake`).  A refused one answers ``"refused": "secret"``
+(:class:`~homagg.AuthenticationError`).
 
 =================  ==========================================  =================================
 cmd                request fields                              response fields
@@ -55,6 +57,7 @@ from typing import Any
 
 from .._errors import AuthenticationError, ConfigError
 from ..jobs import P4, JobSpec, parse_addr
+from . import _handshake as hs
 from ._auth import resolve_secret
 from ._errmap import transport_error
 
@@ -74,30 +77,33 @@ class ControlClient:
         self._secret = resolve_secret(self.addr, secret)
         self._sock: socket.socket | None = None
         self._rfile: Any = None
+        self._key: bytes | None = None  # this connection's session key (after the handshake)
+        self._seq = 0
 
     def request(self, cmd: str, **fields: Any) -> dict[str, Any]:
         """Send one request; return the response (raise TransportError/ConfigError on failure,
         AuthenticationError when the switch refused the secret)."""
-        req = {"cmd": cmd, **fields}
-        if self._secret is not None and cmd != "ping":
-            req["secret"] = self._secret
-        line = json.dumps(req).encode() + b"\n"
         for attempt in (0, 1):
             try:
                 if self._sock is None:
                     self._sock = socket.create_connection(self.addr, timeout=self.timeout)
                     self._rfile = self._sock.makefile("rb")
-                self._sock.sendall(line)
-                resp_line = self._rfile.readline()
-                if not resp_line:
-                    raise ConnectionError("control connection closed")
+                    if self._secret is not None and cmd != "ping":
+                        self._handshake()
+                elif self._key is None and self._secret is not None and cmd != "ping":
+                    self._handshake()
+                req = {"cmd": cmd, **fields}
+                if self._key is not None and cmd != "ping":
+                    self._seq += 1
+                    req["seq"] = self._seq
+                    req["mac"] = hs.request_mac(self._key, self._seq, req)
+                resp = self._exchange(req)
                 break
             except OSError as exc:
                 self.close()
                 if attempt:
                     raise transport_error(exc, f"switch control {self.addr[0]}:{self.addr[1]} ({cmd})",
                                           timeout_s=self.timeout) from exc
-        resp = json.loads(resp_line)
         if not resp.get("ok"):
             if resp.get("refused") == "secret":
                 how = "no secret was given" if self._secret is None else "the secret given is not the switch's"
@@ -106,6 +112,32 @@ class ControlClient:
                     f"HOMAGG_SWITCH_SECRET or HOMAGG_SWITCH_SECRET_FILE, or pass secret=)")
             raise ConfigError(f"switch refused {cmd}: {resp.get('error')}")
         return resp
+
+    def _exchange(self, req: dict[str, Any]) -> dict[str, Any]:
+        assert self._sock is not None
+        self._sock.sendall(json.dumps(req).encode() + b"\n")
+        line = self._rfile.readline()
+        if not line:
+            raise ConnectionError("control connection closed")
+        resp: dict[str, Any] = json.loads(line)
+        return resp
+
+    def _handshake(self) -> None:
+        """Challenge and response on this connection (:mod:`._handshake`); sets the session key.
+        A refused proof is left to the next request's refusal (AuthenticationError there)."""
+        assert self._secret is not None
+        ch = self._exchange({"cmd": "challenge"})
+        ns, nc = ch.get("nonce"), hs.new_nonce()
+        if not ch.get("ok") or not isinstance(ns, str):
+            raise ConfigError(f"switch control {self.addr[0]}:{self.addr[1]} offers no challenge "
+                              f"(an older homagg switch?): {ch.get('error')}")
+        r = self._exchange({"cmd": "auth", "nonce": nc, "mac": hs.proof(self._secret, "client", ns, nc)})
+        if not r.get("ok"):
+            return  # wrong secret: the request that follows is refused and says so
+        if not hs.check(hs.proof(self._secret, "server", ns, nc), r.get("mac")):
+            raise AuthenticationError(f"switch control {self.addr[0]}:{self.addr[1]} did not prove that it "
+                                      "knows the secret (another service on that port?)")
+        self._key, self._seq = hs.session_key(self._secret, ns, nc), 0
 
     def ping(self) -> dict[str, Any]:
         return self.request("ping")
@@ -170,6 +202,7 @@ class ControlClient:
             finally:
                 self._sock = None
                 self._rfile = None
+                self._key = None
 
     def __enter__(self) -> ControlClient:
         return self

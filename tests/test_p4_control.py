@@ -133,7 +133,7 @@ def test_pcap_files_agree_with_scapy(tmp_path: Path) -> None:
 
 def test_p4rate_sequence_and_check_against_the_emulator() -> None:
     """``homagg bench p4rate``'s packets, through the emulator pipeline, give what its check expects;
-    the check rejects a wrong word and a missing result."""
+    the check rejects a wrong word and counts a missing result as lost in its step."""
     from homagg import ProtocolError
     from homagg.bench import _p4rate
     from homagg.p4._pcap_switch import udp_frame
@@ -155,14 +155,16 @@ def test_p4rate_sequence_and_check_against_the_emulator() -> None:
     for src, dg in _p4rate.rate_sequence(rounds):
         pipe.process(dg, len(dg), src)
     assert sorted(out) == [1, 2, 3]
-    _p4rate._check(dict(out), rounds)
+    steps = _p4rate._steps(dict(out), 4, (100, 200))  # 7 rounds as steps of 4: the second lacks one round
+    assert [st["received"] for st in steps] == [12, 9] and [st["lost"] for st in steps] == [0, 3]
+    steps = _p4rate._steps({**out, 2: out[2][:6]}, 7, (100,))
+    assert steps[0]["received"] == 20 and steps[0]["lost"] == 1
     bad = bytearray(out[2][3][1])
     bad[-1] ^= 1
     out[2][3] = (0.0, bytes(bad))
     with pytest.raises(ProtocolError, match="differs"):
-        _p4rate._check(dict(out), rounds)
-    with pytest.raises(ProtocolError, match="6 results, expected 7"):
-        _p4rate._check({**out, 2: out[2][:6]}, rounds)
+        _p4rate._steps(dict(out), 7, (100,))
+    assert _p4rate.staircase(2, (300, 600)) == pytest.approx([0.0, 0.01, 0.02 + _p4rate.GAP_S, 0.025 + _p4rate.GAP_S])
 
 
 def test_p4rate_without_bmv2_says_so(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -44,12 +44,16 @@ def udp_frame(src: tuple[str, int], src_mac: str, dst: tuple[str, int], dst_mac:
                  / UDP(sport=src[1], dport=dst[1]) / payload)
 
 
-def write_pcap(path: Path, frames: Iterable[bytes]) -> None:
-    """Ethernet ``frames`` as a pcap file (microsecond stamps, all zero)."""
+def write_pcap(path: Path, frames: Iterable[bytes], stamps: Iterable[float] | None = None) -> None:
+    """Ethernet ``frames`` as a pcap file, microsecond stamps: ``stamps`` (seconds), else all zero.
+
+    BMv2's ``--use-files`` reader replays an input file with its recorded timing (a frame leaves
+    ``stamp - first stamp`` seconds after the reader started); all-zero stamps mean "at once"."""
     with open(path, "wb") as f:
         f.write(struct.pack("<IHHiIII", _PCAP_US, 2, 4, 0, 0, 65535, _LINKTYPE_ETHERNET))
-        for fr in frames:
-            f.write(struct.pack("<IIII", 0, 0, len(fr), len(fr)))
+        for fr, t in zip(frames, stamps if stamps is not None else iter(float, 1)):
+            us = round(t * 1e6)
+            f.write(struct.pack("<IIII", us // 1_000_000, us % 1_000_000, len(fr), len(fr)))
             f.write(fr)
 
 
@@ -84,9 +88,11 @@ class PcapSwitch:
     """
 
     def __init__(self, folder: Path, ports: Iterable[int], inputs: Mapping[int, list[bytes]], *,
+                 stamps: Mapping[int, list[float]] | None = None,
                  grpc_port: int = 50551, bmv2_args: tuple[str, ...] = (), start_delay_s: int = 12,
                  device_id: int = 0) -> None:
         self.folder, self.ports = Path(folder), sorted(set(ports) | set(inputs))
+        self.stamps = dict(stamps or {})
         self.inputs, self.grpc_port, self.bmv2_args = inputs, grpc_port, bmv2_args
         self.start_delay_s, self.device_id = start_delay_s, device_id
         self.proc: subprocess.Popen[bytes] | None = None
@@ -101,7 +107,7 @@ class PcapSwitch:
             raise ConfigError(f"{SIMPLE_SWITCH} not on PATH; see README.md, section 'Getting p4c and BMv2'")
         self.folder.mkdir(parents=True, exist_ok=True)
         for p in self.ports:
-            write_pcap(self.folder / f"p{p}_in.pcap", self.inputs.get(p, []))
+            write_pcap(self.folder / f"p{p}_in.pcap", self.inputs.get(p, []), self.stamps.get(p))
         args = [exe, "--use-files", str(self.start_delay_s), "--device-id", str(self.device_id),
                 "--thrift-port", str(self.grpc_port + 1)]
         for p in self.ports:

@@ -64,7 +64,10 @@ _TOOL_MARKERS = ("bmv2", "mininet", "gpu")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Remember each test's outcome per tool marker (for the summary below)."""
+    """Remember each test's outcome per tool marker, and the figures tests reported with
+    ``record_property("homagg_report", line)`` (both for the summary below)."""
+    if report.when == "call":
+        _figures.extend(f"{report.nodeid}: {v}" for k, v in report.user_properties if k == "homagg_report")
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         for m in _TOOL_MARKERS:
             if m in report.keywords:
@@ -73,10 +76,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 _by_marker: dict[str, dict[str, int]] = {}
+_figures: list[str] = []
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """One line per tool marker: how many of its tests passed, failed, were skipped."""
+    """One line per tool marker: how many of its tests passed, failed, were skipped; then the
+    figures tests reported (e.g. the retransmissions of a lossless BMv2 run)."""
+    if _figures:
+        terminalreporter.section("figures reported by tests")
+        for line in _figures:
+            terminalreporter.write_line(line)
     if not _by_marker:
         return
     terminalreporter.section("tests that need tools")

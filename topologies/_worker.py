@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--out", required=True)
+    p.add_argument("--forge", type=int, default=0,
+                   help="first send this many datagrams with a wrong job token (the switch must drop them)")
     args = p.parse_args(argv)
 
     from homagg import allreduce
@@ -61,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         mine = inputs[args.rank]
         port = UdpSwitchPort(parse_addr(args.switch), rank=args.rank, job=job, control=args.control,
                              bind=(args.bind, args.bind_port) if args.bind else None, timeout=args.timeout)
+        if args.forge:
+            report["forged"] = _send_forged(port, job, args.forge)
         ok = True
         first: list[torch.Tensor] | None = None
         for scheme in args.schemes.split(","):
@@ -88,6 +92,24 @@ def main(argv: list[str] | None = None) -> int:
         report["traceback"] = traceback.format_exc()
     Path(args.out).write_text(json.dumps(report, indent=2))
     return 0 if report["ok"] else 1
+
+
+def _send_forged(port: object, job: object, n: int) -> int:
+    """``n`` datagrams from this worker's own address into the job's first cell, with a wrong token.
+
+    Were the switch to accept them, the first round's slot would hold 1s and no scheme could be
+    exact; it must drop them (counter ``drop_token``).  Returns how many were sent."""
+    from homagg import wire
+
+    buf = bytearray(wire.datagram_len(8))
+    forged = (job.token + 1) & 0xFFFFFFFF  # type: ignore[attr-defined]
+    wire.pack_header_into(buf, wire.OP_ADD, 0, job.job_id, port.rank, 8, 0, job.slot_base, 0, 0,  # type: ignore[attr-defined]
+                          forged)
+    wire.payload_view(buf, 8)[:] = 1
+    for _ in range(n):
+        port.sock.send(buf)  # type: ignore[attr-defined]
+    time.sleep(0.2)  # let them reach the switch before the real first round
+    return n
 
 
 if __name__ == "__main__":

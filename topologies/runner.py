@@ -98,8 +98,13 @@ def _emulator_status(dep: Deployment, out: Path) -> dict[str, Any]:
 def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 4, link: LinkOpts | None = None,
                    out: Path | None = None, racks: int = 2, numel: int = 20000, density: float = 0.01,
                    schemes: str = "dense,compact,sketch,auto", n_slots: int = 64, words: int = 32,
-                   pcap: bool = True, timeout: float = 240.0, emulator_backend: str = "udp") -> dict[str, Any]:
-    """Run one experiment; return the summary (also written to ``<out>/results.json``)."""
+                   pcap: bool = True, timeout: float = 240.0, emulator_backend: str = "udp",
+                   forge: int = 0) -> dict[str, Any]:
+    """Run one experiment; return the summary (also written to ``<out>/results.json``).
+
+    ``forge``: every worker first sends that many datagrams with a wrong job token from its own
+    address (the switch must drop and count them: ``drop_token``; were one accepted, no result
+    of the first round could be exact)."""
     why = mininet_missing()
     if why:
         raise RuntimeError(why)
@@ -140,6 +145,7 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
                 "--bind-port", str(WORKER_PORT), "--rank", str(r), "--job", job.to_json(),
                 "--schemes", schemes, "--numel", str(numel), "--density", str(density),
                 "--timeout", str(min(60.0, timeout)), "--out", str(out / "workers" / f"rank{r}.json"),
+                "--forge", str(forge),
             ], out / "logs" / f"worker{r}.log"))
         for p in procs:
             p.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
@@ -183,16 +189,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-pcap", action="store_true")
     p.add_argument("--timeout", type=float, default=240.0)
     p.add_argument("--out", type=Path, default=None, help="results folder (default results/mininet-...)")
+    p.add_argument("--forge", type=int, default=0,
+                   help="each worker first sends N datagrams with a wrong job token (dropped: drop_token)")
     a = p.parse_args(argv)
     try:
         s = run_experiment(a.topo, a.switch, a.workers, LinkOpts(a.bw, a.delay, a.loss), a.out, a.racks, a.numel,
-                           a.density, a.schemes, a.slots, a.words, not a.no_pcap, a.timeout, a.emulator_backend)
+                           a.density, a.schemes, a.slots, a.words, not a.no_pcap, a.timeout, a.emulator_backend,
+                           a.forge)
     except Exception as exc:  # noqa: BLE001
         print(f"experiment failed: {exc}", file=sys.stderr)
         return 1
     for r in s.get("ranks", []):
         line = ", ".join(f"{k}: {'exact' if v['exact'] else 'NOT EXACT'} {v['seconds']}s"
                          for k, v in r.get("schemes", {}).items())
+        t = r.get("transport") or {}
+        if t.get("packets"):
+            line += (f"; {t['retransmits']} of {t['packets']} first sends retransmitted "
+                     f"({100 * t['retransmits'] / t['packets']:.1f}%, {t.get('spurious_retransmits', 0)} spurious)")
         print(f"rank {r['rank']}: {line or r.get('error')}")
     print(s["folder"])
     return 0 if s["ok"] else 1

@@ -64,22 +64,13 @@ import torch
 
 from .._errors import ConfigError, SwitchTimeoutError
 from ..jobs import JobSpec
-from ..wire import (
-    FLAG_RESULT,
-    FLAG_RETRANSMIT,
-    HEADER_LEN,
-    MAX_WORDS_JUMBO,
-    TAG_MASK,
-    VERSION,
-    datagram_len,
-    pack_header_into,
-    payload_view,
-    set_flags,
-    unpack_header,
-)
+from ..wire import FLAG_RETRANSMIT, TAG_MASK, datagram_len, set_flags
 from ._base import Stream, SwitchPort
 from ._control import ControlClient, parse_addr
-from ._sockets import PROBE_PREFIX, join_results_group, send_datagram, set_buffers, spare_int32
+from . import _fastpath as fastpath
+from ._datapath import PyDatapath, Round
+from ._fastpath import NativeDatapath
+from ._sockets import join_results_group, send_datagram, set_buffers, spare_int32
 from ._liveness import Liveness
 from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
 from ._stall import stall_error
@@ -103,6 +94,8 @@ class UdpSwitchPort(SwitchPort):
     ``secret``: the switch's control secret (default: found as :mod:`._auth` says).  Data packets
     carry ``job.token`` (wire v2), which the switch checks; results with another token are ignored.
     ``window``: chunks in flight at the start (the congestion window then adapts, up to ``n_slots``).
+    ``native``: build, send, receive and match datagrams in C with batched syscalls
+    (:mod:`._fastpath`; default: where it was built) or in Python (:mod:`._datapath`, the reference).
     """
 
     def __init__(
@@ -126,6 +119,7 @@ class UdpSwitchPort(SwitchPort):
         multicast: bool = True,
         secret: str | None = None,
         window: int = INITIAL_WINDOW,
+        native: bool | None = None,
     ) -> None:
         if job is None:
             if job_id is None or world_size is None:
@@ -153,8 +147,12 @@ class UdpSwitchPort(SwitchPort):
         self.sock.setblocking(False)
         self.local_addr: tuple[str, int] = self.sock.getsockname()
         k, n = job.words_per_packet, job.n_slots
-        self._bufs = [bytearray(datagram_len(k)) for _ in range(n)]
-        self._rbuf = bytearray(datagram_len(MAX_WORDS_JUMBO) + 64)
+        self._stride = -(-datagram_len(k) // 64) * 64
+        self._slotbuf = np.zeros(n * self._stride, dtype=np.uint8)  # slot s's datagram at s * stride
+        #: per-datagram work in C (``_fastpath``) or Python (``_datapath``, the reference)
+        self.native = fastpath.AVAILABLE if native is None else native
+        if self.native and not fastpath.AVAILABLE:
+            raise ConfigError("native=True, but the native datapath was not built (no C compiler at install?)")
         self._seq = 0  # global chunk counter, identical on every worker of the job
         self._spare: list[np.ndarray] = []  # result arrays of the last rounds, reused once unreferenced
         self._last_g = [-1] * n  # per slot: global sequence number of the last chunk completed there
@@ -191,20 +189,20 @@ class UdpSwitchPort(SwitchPort):
     def _run(self, chunks: list[tuple[int, int, int, int]], srcs: list[np.ndarray], outs: list[np.ndarray],
              streams: Sequence[Stream]) -> None:
         job = self.job
-        nslot, base, jid, rank, token = job.n_slots, job.slot_base, job.job_id, self.rank, job.token
+        nslot = job.n_slots
         total = len(chunks)
         seq0 = self._seq
-        bufs = self._bufs
-        sock = self.sock
-        send = sock.send
-        cur = [-1] * nslot  # chunk index outstanding in each slot, -1 if none
+        rnd = Round(job=job, rank=self.rank, seq0=seq0, chunks=chunks, srcs=srcs, outs=outs, bufs=self._slotbuf,
+                    stride=self._stride)
+        dp: Any = NativeDatapath(rnd, self.sock.fileno()) if self.native else PyDatapath(
+            rnd, lambda view: self._send(self.sock.send, view))
+        cur, completed = rnd.cur, rnd.completed
         sent_at = [0.0] * nslot
         deadline = [0.0] * nslot
         tries = [0] * nslot
         est = self.rtt
         win = self.window
         last_g, last_retx = self._last_g, self._last_retx
-        completed = bytearray(total)
         verify_left = sum(1 for ch in chunks if ch[0] == 0) if streams and streams[0].verify else 0
         low = 0  # every chunk below ``low`` has its result
         fr_next = 0  # chunks below this were already considered for fast retransmit
@@ -212,9 +210,9 @@ class UdpSwitchPort(SwitchPort):
         stats = self.stats
 
         def resend(s: int, now: float) -> None:
-            buf = bufs[s]
-            set_flags(buf, FLAG_RETRANSMIT)
-            self._send(send, memoryview(buf)[: datagram_len(chunks[cur[s]][2])])
+            view = rnd.slot_view(s, cur[s])
+            set_flags(view, FLAG_RETRANSMIT)
+            self._send(self.sock.send, view)
             tries[s] += 1
             stats["retransmits"] += 1
             deadline[s] = now + min(self.max_rto, est.rto * (2 ** (tries[s] - 1)))
@@ -222,83 +220,68 @@ class UdpSwitchPort(SwitchPort):
         def fill(now: float) -> None:  # send new chunks while the window allows
             nonlocal nsent
             lim = min(total, low + win.size)
-            while nsent < lim:
-                put(nsent, now)
-                nsent += 1
-                stats["packets"] += 1
-
-        def put(c: int, now: float) -> None:
-            g = seq0 + c
-            s = g % nslot
-            j, off, wc, op = chunks[c]
-            buf = bufs[s]
-            pack_header_into(buf, op, 0, jid, rank, wc, (g // nslot) & 1, base + s, g & TAG_MASK, off, token)
-            payload_view(buf, wc)[:] = srcs[j][off:off + wc]
-            cur[s] = c
-            tries[s] = 0
-            sent_at[s] = now
-            deadline[s] = now + est.rto
-            self._send(send, memoryview(buf)[: datagram_len(wc)])
+            if nsent >= lim:
+                return
+            ids = list(range(nsent, lim))
+            rto = now + est.rto
+            for c in ids:
+                sl = (seq0 + c) % nslot
+                cur[sl] = c
+                tries[sl] = 0
+                sent_at[sl] = now
+                deadline[sl] = rto
+            dp.send(ids)  # a part the socket buffer had no room for is lost: the timers resend it
+            nsent = lim
+            stats["packets"] += len(ids)
 
         now = time.monotonic()
         fill(now)
         done = 0
         last_progress = now
         next_scan = now + est.rto
-        rbuf = self._rbuf
-        recvs = [sock.recv_into] + ([self.msock.recv_into] if self.msock is not None else [])
-        waits = [sock] + ([self.msock] if self.msock is not None else [])
+        socks = [self.sock] + ([self.msock] if self.msock is not None else [])
+        events: list[int] = []
+        late: list[tuple[int, int, int]] = []
         while done < total:
             got = 0
-            for recv_into in recvs:  # unicast socket (answers), then the result group
+            for sock in socks:  # unicast socket (answers), then the result group
                 try:
-                    while True:
-                        n = recv_into(rbuf)
-                        if n < HEADER_LEN:
-                            self._discarded()
-                            continue
-                        ver, _op, flags, rjob, _w, wc, bank, slot, tag, off, _r, rtok = unpack_header(rbuf)
-                        s = slot - base
-                        if not (flags & FLAG_RESULT and rjob == jid and 0 <= s < nslot and n == datagram_len(wc)
-                                and ver == VERSION and rtok == token):
-                            self._discarded()
-                            continue
-                        c = cur[s]
-                        g = seq0 + c
-                        j, coff, cwc, _op = chunks[c]
-                        if c < 0 or tag != g & TAG_MASK or bank != (g // nslot) & 1 or off != coff or wc != cwc:
-                            self._late_result(s, tag, bank)  # late or duplicated result of an earlier use
-                            continue
-                        outs[j][off:off + wc] = payload_view(rbuf, wc)
-                        if j == 0 and verify_left:
-                            verify_left -= 1
-                            if not verify_left:  # stream 0 is back: out of step -> raise now, not at timeout
-                                self._verify_early(streams[0], outs[0], seq0 + total)
-                        self.stats["results"] += 1
-                        done += 1
-                        got += 1
-                        t = time.monotonic()
-                        if tries[s] == 0:  # Karn: a retransmitted chunk's RTT is ambiguous
-                            est.sample(t - sent_at[s])
-                        last_g[s], last_retx[s] = g, tries[s] > 0
-                        completed[c] = 1
-                        while low < total and completed[low]:
-                            low += 1
-                        cur[s] = -1
-                        win.on_result()
-                        if c - DUPTHRESH > fr_next:  # fast retransmit of chunks overtaken by later results
-                            for i in range(max(fr_next, low), c - DUPTHRESH):
-                                si = (seq0 + i) % nslot
-                                if cur[si] == i and tries[si] == 0:
-                                    win.on_loss(seq0 + i, seq0 + nsent)
-                                    resend(si, t)
-                                    stats["fast_retransmits"] += 1
-                            fr_next = c - DUPTHRESH
-                        fill(t)
+                    dp.recv(sock.fileno(), sock.recv_into, events, late)
                 except BlockingIOError:
                     pass
                 except ConnectionRefusedError:  # ICMP port unreachable (see _liveness)
                     stats["refused"] = stats.get("refused", 0) + 1
+            for lt in late:
+                self._late_result(*lt)
+            late.clear()
+            if events:
+                t = time.monotonic()
+                for c in events:
+                    g = seq0 + c
+                    s = g % nslot
+                    if verify_left and chunks[c][0] == 0:
+                        verify_left -= 1
+                        if not verify_left:  # stream 0 is back: out of step -> raise now, not at timeout
+                            self._verify_early(streams[0], outs[0], seq0 + total)
+                    if tries[s] == 0:  # Karn: a retransmitted chunk's RTT is ambiguous
+                        est.sample(t - sent_at[s])
+                    last_g[s], last_retx[s] = g, tries[s] > 0
+                    while low < total and completed[low]:
+                        low += 1
+                    win.on_result()
+                    if c - DUPTHRESH > fr_next:  # fast retransmit of chunks overtaken by later results
+                        for i in range(max(fr_next, low), c - DUPTHRESH):
+                            si = (seq0 + i) % nslot
+                            if cur[si] == i and tries[si] == 0:
+                                win.on_loss(seq0 + i, seq0 + nsent)
+                                resend(si, t)
+                                stats["fast_retransmits"] += 1
+                        fr_next = c - DUPTHRESH
+                got = len(events)
+                done += got
+                stats["results"] += got
+                events.clear()
+                fill(t)
             now = time.monotonic()
             if got:
                 last_progress = now
@@ -319,16 +302,28 @@ class UdpSwitchPort(SwitchPort):
                 for s in range(nslot):
                     if cur[s] >= 0:
                         next_scan = min(next_scan, deadline[s])
+                stats["refused"] = stats.get("refused", 0) + rnd.refused
+                rnd.refused = 0
                 gone = self._liveness.gone(now, now - last_progress, stats.get("refused", 0))
                 if gone or now - last_progress > self.timeout:
                     self._seq = seq0 + total  # keep the sequence aligned if the caller retries the job
-                    self._sync_rtt_stats()
-                    raise self._timeout_error(chunks, cur, seq0, streams, now - last_progress, gone)
+                    self._count(rnd)
+                    raise self._timeout_error(chunks, list(cur), seq0, streams, now - last_progress, gone)
                 if expired or self._liveness.control is not None:
                     next_scan = min(next_scan, now + self._liveness.interval_s)
             if not got:
-                select.select(waits, [], [], max(0.0, min(next_scan, last_progress + self.timeout) - now) + 1e-4)
+                select.select(socks, [], [], max(0.0, min(next_scan, last_progress + self.timeout) - now) + 1e-4)
         self._seq = seq0 + total
+        self._count(rnd)
+
+    def _count(self, rnd: Round) -> None:
+        """Move the datapath's counts into ``stats``; sync the timer and window state."""
+        st = self.stats
+        st["ignored"] += rnd.ignored
+        st["group_probes"] += rnd.probes
+        if rnd.refused:
+            st["refused"] = st.get("refused", 0) + rnd.refused
+        rnd.ignored = rnd.probes = rnd.refused = 0
         self._sync_rtt_stats()
 
     def _verify_early(self, stream: Stream, words: np.ndarray, next_seq: int) -> None:
@@ -341,12 +336,6 @@ class UdpSwitchPort(SwitchPort):
             self._seq = next_seq
             self._sync_rtt_stats()
             raise
-
-    def _discarded(self) -> None:
-        """Count a datagram in the receive buffer that is no result of this job: another worker's
-        probe of the result group (every member gets it while that worker joins) as
-        ``group_probes``, anything else as ``ignored``."""
-        self.stats["group_probes" if self._rbuf.startswith(PROBE_PREFIX) else "ignored"] += 1
 
     def _late_result(self, s: int, tag: int, bank: int) -> None:
         """Count a result that matches no outstanding chunk; a second copy of a retransmitted,

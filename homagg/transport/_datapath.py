@@ -1,0 +1,110 @@
+"""The worker port's per-datagram work, pluggable: build and send chunks, receive and match results.
+
+:class:`UdpSwitchPort` (:mod:`._udp`) keeps the protocol -- windows, timers, fast retransmit --
+and calls a datapath once per batch:
+
+* ``send(ids)``: build chunk ``c``'s datagram for every ``c`` in ``ids`` into its slot's buffer
+  (``s = (seq0 + c) % n_slots``) and send it; returns how many went out (the rest found the socket
+  buffer full: lost, the timers resend them);
+* ``recv(fd, recv_into, events, late)``: drain one socket; every result that matches the chunk
+  outstanding in its slot (``cur[s]``: tag, bank, offset, word count) has its words copied into the
+  round's output, ``completed[c] = 1``, ``cur[s] = -1`` and ``c`` appended to ``events``; a valid
+  result of this job for no outstanding chunk goes to ``late`` as ``(s, tag, bank)``.
+
+:class:`PyDatapath` does this one datagram at a time in Python: the readable reference.
+:class:`homagg.transport._fastpath.NativeDatapath` does it in C with ``sendmmsg``/``recvmmsg``
+(``homagg/transport/_fastpath.c``), where the library was built.  Both write the same bytes and
+the same results (tests/test_transport_fastpath.py).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..wire import FLAG_RESULT, HEADER_LEN, TAG_MASK, VERSION, datagram_len, pack_header_into, payload_view, unpack_header
+from ._sockets import PROBE_PREFIX
+
+__all__ = ["Round", "PyDatapath"]
+
+
+class Round:
+    """What one round's datapath works on: the job's constants, the chunk table, the slot buffers,
+    the inputs and outputs, and the per-slot / per-chunk state the protocol shares with it."""
+
+    def __init__(self, *, job: Any, rank: int, seq0: int, chunks: list[tuple[int, int, int, int]],
+                 srcs: list[np.ndarray], outs: list[np.ndarray], bufs: np.ndarray, stride: int) -> None:
+        self.job, self.rank, self.seq0 = job, rank, seq0
+        self.nslot, self.base, self.jid, self.token = job.n_slots, job.slot_base, job.job_id, job.token
+        self.chunks, self.srcs, self.outs = chunks, srcs, outs
+        self.bufs, self.stride = bufs, stride  # slot s's datagram: bufs[s * stride : ...]
+        self.total = len(chunks)
+        self.cur = array("q", [-1]) * self.nslot  # chunk outstanding in each slot, -1 if none
+        self.completed = bytearray(self.total)
+        self.ignored = 0  # datagrams that are no result of this job
+        self.probes = 0  # the result group's probes among them
+        self.refused = 0  # ICMP port unreachable reported by a receive
+
+    def slot_view(self, s: int, c: int) -> memoryview:
+        """Slot ``s``'s datagram as built for chunk ``c``."""
+        start = s * self.stride
+        return memoryview(self.bufs)[start: start + datagram_len(self.chunks[c][2])]
+
+
+class PyDatapath:
+    """The reference datapath: Python, one datagram at a time (see the module docstring)."""
+
+    def __init__(self, rnd: Round, send: Callable[[memoryview], None]) -> None:
+        self.r = rnd
+        self._send = send
+        self._rbuf = bytearray(datagram_len(16000) + 64)
+
+    def send(self, ids: list[int]) -> int:
+        r = self.r
+        for c in ids:
+            g = r.seq0 + c
+            s = g % r.nslot
+            j, off, wc, op = r.chunks[c]
+            view = r.slot_view(s, c)
+            pack_header_into(view, op, 0, r.jid, r.rank, wc, (g // r.nslot) & 1, r.base + s, g & TAG_MASK, off,
+                             r.token)
+            payload_view(view, wc)[:] = r.srcs[j][off:off + wc]
+            self._send(view)
+        return len(ids)
+
+    def recv(self, fd: int, recv_into: Callable[[bytearray], int], events: list[int],
+             late: list[tuple[int, int, int]]) -> None:
+        """Drain one socket (raises BlockingIOError when empty, as the socket does)."""
+        r = self.r
+        rbuf = self._rbuf
+        cur, chunks, seq0, nslot = r.cur, r.chunks, r.seq0, r.nslot
+        while True:
+            n = recv_into(rbuf)
+            if n < HEADER_LEN:
+                self._discard()
+                continue
+            ver, _op, flags, rjob, _w, wc, bank, slot, tag, off, _r, rtok = unpack_header(rbuf)
+            s = slot - r.base
+            if not (flags & FLAG_RESULT and rjob == r.jid and 0 <= s < nslot and n == datagram_len(wc)
+                    and ver == VERSION and rtok == r.token):
+                self._discard()
+                continue
+            c = cur[s]
+            g = seq0 + c
+            j, coff, cwc, _op = chunks[c]
+            if c < 0 or tag != g & TAG_MASK or bank != (g // nslot) & 1 or off != coff or wc != cwc:
+                late.append((s, tag, bank))
+                continue
+            r.outs[j][off:off + wc] = payload_view(rbuf, wc)
+            r.completed[c] = 1
+            cur[s] = -1
+            events.append(c)
+
+    def _discard(self) -> None:
+        if self._rbuf.startswith(PROBE_PREFIX):
+            self.r.probes += 1
+        else:
+            self.r.ignored += 1

@@ -1,0 +1,180 @@
+/* The worker port's per-datagram work in C: build and send a batch of chunks (sendmmsg), receive
+ * a batch of results (recvmmsg), check and match them, copy their words into the round's output.
+ *
+ * Plain C, no Python API, built into homagg._native_kernels and loaded with ctypes by
+ * homagg/transport/_fastpath.py.  homagg/transport/_udp.py keeps the protocol (windows, timers,
+ * fast retransmit) in Python and calls these two functions once per batch instead of running the
+ * per-datagram steps in Python; its pure-Python loop (HOMAGG_NATIVE=0 or no compiler) does the
+ * same steps one datagram at a time and stays the reference: tests/test_transport_fastpath.py
+ * runs both and compares the bytes on the wire and the results.
+ *
+ * Wire format (homagg/wire.py, the one source of truth): a 20-byte big-endian header
+ *   0 ver<<4|op  1 flags  2 job_id(16)  4 worker_id  5 reserved  6 word_count(16)
+ *   8 bank<<15|slot(16)  10 tag(16)  12 offset(32)  16 token(32)
+ * then word_count big-endian int32 words.
+ *
+ * Invariants: homagg_fp_send writes chunk c's datagram into its slot's buffer
+ * (bufs + s * stride, s = (seq0 + c) % nslot) before sending it, so a retransmission resends those
+ * bytes; homagg_fp_recv copies a result's words only when it matches the chunk outstanding in its
+ * slot (cur[s]) in tag, bank, offset and word count, and marks that chunk completed exactly once.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#define HDR 20
+#define FLAG_RESULT 0x01
+#define BATCH 64
+
+static inline void put16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
+static inline void put32(uint8_t *p, uint32_t v) { uint32_t b = __builtin_bswap32(v); memcpy(p, &b, 4); }
+static inline uint32_t get16(const uint8_t *p) { return ((uint32_t)p[0] << 8) | p[1]; }
+static inline uint32_t get32(const uint8_t *p) { uint32_t b; memcpy(&b, p, 4); return __builtin_bswap32(b); }
+
+/* Job constants shared by both calls. */
+typedef struct {
+    int64_t seq0;          /* global number of the round's chunk 0 */
+    int32_t nslot, slot_base, job_id, rank, version;
+    uint32_t token;
+} hg_job;
+
+/* The round's chunk table: chunk c is words [off[c], off[c] + wc[c]) of stream stream[c], op op[c]. */
+typedef struct {
+    const int32_t *stream, *off, *wc, *op;
+    const int32_t *const *src;  /* per stream: the words to send (host order) */
+    int32_t *const *out;        /* per stream: where the results go (host order) */
+} hg_chunks;
+
+/* Build chunks ids[0..n) into their slot buffers and send them (sendmmsg on connected ``fd``).
+ * Returns how many were sent (the rest: the socket buffer is full, EAGAIN) or -errno. */
+int64_t homagg_fp_send(int fd, const hg_job *job, const hg_chunks *ch, const int64_t *ids, int64_t n,
+                       uint8_t *bufs, int64_t stride) {
+    struct mmsghdr msgs[BATCH];
+    struct iovec iov[BATCH];
+    int64_t done = 0;
+    while (done < n) {
+        int k = (int)(n - done < BATCH ? n - done : BATCH);
+        for (int i = 0; i < k; i++) {
+            int64_t c = ids[done + i], g = job->seq0 + c;
+            int32_t s = (int32_t)(g % job->nslot), wc = ch->wc[c], off = ch->off[c];
+            uint8_t *p = bufs + (int64_t)s * stride;
+            p[0] = (uint8_t)((job->version << 4) | (ch->op[c] & 0xF));
+            p[1] = 0;
+            put16(p + 2, (uint32_t)job->job_id);
+            p[4] = (uint8_t)job->rank;
+            p[5] = 0;
+            put16(p + 6, (uint32_t)wc);
+            put16(p + 8, ((uint32_t)((g / job->nslot) & 1) << 15) | (uint32_t)(job->slot_base + s));
+            put16(p + 10, (uint32_t)(g & 0xFFFF));
+            put32(p + 12, (uint32_t)off);
+            put32(p + 16, job->token);
+            const int32_t *w = ch->src[ch->stream[c]] + off;
+            uint8_t *q = p + HDR;
+            for (int32_t j = 0; j < wc; j++)
+                put32(q + 4 * j, (uint32_t)w[j]);
+            iov[i].iov_base = p;
+            iov[i].iov_len = HDR + 4 * (size_t)wc;
+            memset(&msgs[i].msg_hdr, 0, sizeof msgs[i].msg_hdr);
+            msgs[i].msg_hdr.msg_iov = &iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        int sent = sendmmsg(fd, msgs, (unsigned)k, MSG_DONTWAIT);
+        if (sent < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return done;
+            return done ? done : -errno;
+        }
+        done += sent;
+        if (sent < k)
+            return done;
+    }
+    return done;
+}
+
+/* Counts of one homagg_fp_recv call besides the matched results. */
+typedef struct {
+    int64_t ignored;   /* not a result of this job (another job's, wrong token, malformed, ...) */
+    int64_t probes;    /* the result group's probes (payload starts with the probe prefix) */
+    int64_t late;      /* a valid result of this job for no outstanding chunk (late copy) */
+    int64_t err;       /* errno of a failed receive other than EAGAIN (0: none) */
+} hg_recv_counts;
+
+/* Receive results on ``fd`` until it is drained or ``max_events`` chunks completed.  A result
+ * matching the chunk outstanding in its slot: words copied into the output, completed[c] = 1,
+ * cur[s] = -1, c appended to ``events``.  A valid result of this job that matches no outstanding
+ * chunk: (s, tag, bank) appended to ``late`` (3 ints each; at most max_events).  Returns how many
+ * events. */
+int64_t homagg_fp_recv(int fd, const hg_job *job, const hg_chunks *ch, int64_t total, int64_t *cur,
+                       uint8_t *completed, int64_t *events, int64_t max_events, int64_t *late,
+                       int64_t *nlate, uint8_t *rbuf, int64_t stride, const uint8_t *probe, int64_t probe_len,
+                       hg_recv_counts *counts) {
+    struct mmsghdr msgs[BATCH];
+    struct iovec iov[BATCH];
+    int64_t nev = 0;
+    counts->err = 0;
+    while (nev < max_events) {
+        int k = BATCH;
+        if (max_events - nev < k)
+            k = (int)(max_events - nev);  /* never more results than events fit */
+        for (int i = 0; i < k; i++) {
+            iov[i].iov_base = rbuf + (int64_t)i * stride;
+            iov[i].iov_len = (size_t)stride;
+            memset(&msgs[i].msg_hdr, 0, sizeof msgs[i].msg_hdr);
+            msgs[i].msg_hdr.msg_iov = &iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        int got = recvmmsg(fd, msgs, (unsigned)k, MSG_DONTWAIT, NULL);
+        if (got < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                counts->err = errno;
+            break;
+        }
+        for (int i = 0; i < got; i++) {
+            const uint8_t *p = rbuf + (int64_t)i * stride;
+            int64_t len = msgs[i].msg_len;
+            if (len < HDR) {
+                if (probe_len && len >= probe_len && memcmp(p, probe, (size_t)probe_len) == 0)
+                    counts->probes++;
+                else
+                    counts->ignored++;
+                continue;
+            }
+            uint32_t wc = get16(p + 6), bs = get16(p + 8), slot = bs & 0x7FFF, bank = bs >> 15;
+            int64_t s = (int64_t)slot - job->slot_base;
+            if (!((p[1] & FLAG_RESULT) && (int32_t)get16(p + 2) == job->job_id && s >= 0 && s < job->nslot
+                  && len == HDR + 4 * (int64_t)wc && (p[0] >> 4) == job->version && get32(p + 16) == job->token)) {
+                if (probe_len && len >= probe_len && memcmp(p, probe, (size_t)probe_len) == 0)
+                    counts->probes++;
+                else
+                    counts->ignored++;
+                continue;
+            }
+            uint32_t tag = get16(p + 10), off = get32(p + 12);
+            int64_t c = cur[s], g = job->seq0 + c;
+            if (c < 0 || c >= total || tag != (uint32_t)(g & 0xFFFF) || bank != (uint32_t)((g / job->nslot) & 1)
+                || (int32_t)off != ch->off[c] || (int32_t)wc != ch->wc[c]) {
+                if (*nlate < max_events) {
+                    late[3 * *nlate] = s;
+                    late[3 * *nlate + 1] = tag;
+                    late[3 * *nlate + 2] = bank;
+                    (*nlate)++;
+                }
+                counts->late++;
+                continue;
+            }
+            int32_t *o = ch->out[ch->stream[c]] + off;
+            const uint8_t *q = p + HDR;
+            for (uint32_t j = 0; j < wc; j++)
+                o[j] = (int32_t)get32(q + 4 * j);
+            completed[c] = 1;
+            cur[s] = -1;
+            events[nev++] = c;
+        }
+        if (got < k)
+            break;  /* drained */
+    }
+    return nev;
+}

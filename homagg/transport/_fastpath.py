@@ -1,0 +1,126 @@
+"""The native worker datapath: ``homagg/transport/_fastpath.c`` (sendmmsg/recvmmsg) via ctypes.
+
+Same interface and the same bytes and results as :class:`._datapath.PyDatapath` (the reference);
+built into ``homagg._native_kernels`` by ``pip install`` where a C compiler is there.
+:data:`AVAILABLE` says whether it was; ``HOMAGG_NATIVE=0`` disables it (as every native kernel).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+from collections.abc import Callable
+
+import numpy as np
+
+from .. import _native
+from ..wire import VERSION
+from ._datapath import Round
+from ._sockets import PROBE_PREFIX
+
+__all__ = ["AVAILABLE", "NativeDatapath"]
+
+_BATCH = 64
+_STRIDE = 65536 + 64
+_i64p = ctypes.POINTER(ctypes.c_int64)
+
+
+class _Job(ctypes.Structure):
+    _fields_ = [("seq0", ctypes.c_int64), ("nslot", ctypes.c_int32), ("slot_base", ctypes.c_int32),
+                ("job_id", ctypes.c_int32), ("rank", ctypes.c_int32), ("version", ctypes.c_int32),
+                ("token", ctypes.c_uint32)]
+
+
+class _Chunks(ctypes.Structure):
+    _fields_ = [("stream", ctypes.c_void_p), ("off", ctypes.c_void_p), ("wc", ctypes.c_void_p),
+                ("op", ctypes.c_void_p), ("src", ctypes.c_void_p), ("out", ctypes.c_void_p)]
+
+
+class _Counts(ctypes.Structure):
+    _fields_ = [("ignored", ctypes.c_int64), ("probes", ctypes.c_int64), ("late", ctypes.c_int64),
+                ("err", ctypes.c_int64)]
+
+
+def _load() -> ctypes.CDLL | None:
+    lib = _native._LIB
+    if lib is None or not hasattr(lib, "homagg_fp_send"):
+        return None
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.homagg_fp_send.argtypes = [ctypes.c_int, vp, vp, vp, i64, vp, i64]
+    lib.homagg_fp_send.restype = i64
+    lib.homagg_fp_recv.argtypes = [ctypes.c_int, vp, vp, i64, vp, vp, vp, i64, vp, vp, vp, i64, vp, i64, vp]
+    lib.homagg_fp_recv.restype = i64
+    return lib
+
+
+_LIB = _load()
+AVAILABLE = _LIB is not None
+
+
+def _addr(buf: object) -> int:
+    return ctypes.addressof((ctypes.c_char * 1).from_buffer(buf))  # type: ignore[arg-type]
+
+
+class NativeDatapath:
+    """The datapath in C (see the module docstring and :mod:`._datapath`)."""
+
+    def __init__(self, rnd: Round, fd: int) -> None:
+        assert _LIB is not None
+        self.r, self.fd = rnd, fd
+        job = rnd.job
+        self._job = _Job(rnd.seq0, job.n_slots, job.slot_base, job.job_id, rnd.rank, VERSION, job.token)
+        table = np.array([ch for ch in rnd.chunks], dtype=np.int32).reshape(-1, 4)
+        self._cols = [np.ascontiguousarray(table[:, i]) for i in range(4)]  # stream, off, wc, op
+        self._src = (ctypes.c_void_p * len(rnd.srcs))(*[a.ctypes.data for a in rnd.srcs])
+        self._out = (ctypes.c_void_p * len(rnd.outs))(*[a.ctypes.data for a in rnd.outs])
+        self._chunks = _Chunks(*[c.ctypes.data for c in self._cols], ctypes.addressof(self._src),
+                               ctypes.addressof(self._out))
+        self._ids = np.empty(max(1, job.n_slots), dtype=np.int64)
+        self._events = np.empty(_BATCH * 4, dtype=np.int64)
+        self._late = np.empty(3 * _BATCH * 4, dtype=np.int64)
+        self._nlate = ctypes.c_int64(0)
+        self._rbuf = np.empty(_BATCH * _STRIDE, dtype=np.uint8)
+        self._counts = _Counts()
+        self._cur = _addr(rnd.cur)
+        self._completed = _addr(rnd.completed) if rnd.total else None
+        self._probe = ctypes.create_string_buffer(PROBE_PREFIX, len(PROBE_PREFIX))
+
+    def send(self, ids: list[int]) -> int:
+        n = len(ids)
+        if n > self._ids.size:
+            self._ids = np.empty(n, dtype=np.int64)
+        self._ids[:n] = ids
+        sent = _LIB.homagg_fp_send(self.fd, ctypes.byref(self._job), ctypes.byref(self._chunks),  # type: ignore[union-attr]
+                                   self._ids.ctypes.data, n, self.r.bufs.ctypes.data, self.r.stride)
+        if sent < 0:
+            if -sent == errno.ECONNREFUSED:
+                self.r.refused += 1
+                return 0
+            raise OSError(-sent, "sendmmsg failed")
+        return int(sent)
+
+    def recv(self, fd: int, recv_into: Callable[[bytearray], int], events: list[int],
+             late: list[tuple[int, int, int]]) -> None:
+        """Drain ``fd`` (``recv_into`` is unused: the C code reads the descriptor)."""
+        r, c = self.r, self._counts
+        while True:
+            self._nlate.value = 0
+            n = _LIB.homagg_fp_recv(fd, ctypes.byref(self._job), ctypes.byref(self._chunks), r.total,  # type: ignore[union-attr]
+                                    self._cur, self._completed, self._events.ctypes.data, self._events.size,
+                                    self._late.ctypes.data, ctypes.byref(self._nlate), self._rbuf.ctypes.data,
+                                    _STRIDE, self._probe, len(PROBE_PREFIX), ctypes.byref(c))
+            r.ignored += c.ignored
+            r.probes += c.probes
+            c.ignored = c.probes = c.late = 0
+            if n:
+                events.extend(self._events[:n].tolist())
+            k = self._nlate.value
+            if k:
+                late.extend(map(tuple, self._late[: 3 * k].reshape(k, 3).tolist()))
+            if c.err:
+                err, c.err = c.err, 0
+                if err == errno.ECONNREFUSED:
+                    raise ConnectionRefusedError(err, "ICMP port unreachable")
+                raise OSError(err, "recvmmsg failed")
+            if n < self._events.size:
+                raise BlockingIOError  # drained, as a non-blocking socket says

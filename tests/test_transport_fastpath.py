@@ -1,0 +1,134 @@
+"""The worker port's two datapaths (homagg/transport/_datapath.py: Python, the reference;
+homagg/transport/_fastpath.c: C with sendmmsg/recvmmsg) against each other, on real loopback sockets.
+
+Oracle: the Python datapath.  Both must put the same bytes on the wire for the same chunks, and
+turn the same received datagrams (matching results, late copies, another job's, a wrong token,
+short ones, group probes) into the same completed chunks, output words and counts.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+from homagg import wire
+from homagg.jobs import JobSpec
+from homagg.transport import CombineOp, Stream, UdpSwitchPort
+from homagg.transport._datapath import PyDatapath, Round
+from homagg.transport._fastpath import AVAILABLE, NativeDatapath
+from homagg.transport._sockets import PROBE_PREFIX
+from tests.test_transport_rto import FakeSwitch
+
+pytestmark = pytest.mark.skipif(not AVAILABLE, reason="the native datapath was not built (no C compiler at install)")
+
+JOB = JobSpec(5, 2, slot_base=100, n_slots=8, words_per_packet=7, token=0xDEADBEEF).validate()
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    a.bind(("127.0.0.1", 0))
+    b.bind(("127.0.0.1", 0))
+    a.connect(b.getsockname())
+    b.connect(a.getsockname())
+    a.setblocking(False)
+    b.settimeout(2)
+    return a, b
+
+
+def _round(native: bool, seq0: int = 65530) -> tuple[Round, np.ndarray]:
+    rng = np.random.default_rng(1)
+    srcs = [rng.integers(-2**31, 2**31, 30, dtype=np.int64).astype(np.int32), np.arange(9, dtype=np.int32)]
+    chunks = [(j, off, min(7, a.size - off), op) for j, (a, op) in enumerate(zip(srcs, (0, 2)))
+              for off in range(0, a.size, 7)]
+    outs = [np.zeros(a.size, dtype=np.int32) for a in srcs]
+    bufs = np.zeros(JOB.n_slots * 64, dtype=np.uint8)
+    return Round(job=JOB, rank=1, seq0=seq0, chunks=chunks, srcs=srcs, outs=outs, bufs=bufs, stride=64), bufs
+
+
+def _datapath(rnd: Round, sock: socket.socket, native: bool):
+    return NativeDatapath(rnd, sock.fileno()) if native else PyDatapath(rnd, sock.send)
+
+
+def test_both_datapaths_send_the_same_bytes() -> None:
+    wires = {}
+    for native in (False, True):
+        a, b = _pair()
+        rnd, _ = _round(native)
+        dp = _datapath(rnd, a, native)
+        assert dp.send(list(range(rnd.total))) == rnd.total  # 7 chunks: slots wrap, the tag wraps at 2**16
+        wires[native] = [b.recv(2048) for _ in range(rnd.total)]
+        a.close(), b.close()
+    assert wires[True] == wires[False]
+    h, words = wire.parse_packet(wires[True][6])  # the last chunk: stream 1, words 7..8, MAX
+    assert (h.op, h.offset, h.word_count, h.token, h.worker_id) == (wire.OP_MAX, 7, 2, JOB.token, 1)
+    assert (h.slot, h.bank, h.tag) == (100 + (65530 + 6) % 8, ((65530 + 6) // 8) & 1, (65530 + 6) & 0xFFFF)
+    assert words.tolist() == [7, 8]
+
+
+def _result(rnd: Round, c: int, words: list[int], **change: int) -> bytes:
+    g = rnd.seq0 + c
+    j, off, wc, op = rnd.chunks[c]
+    f = dict(op=op, flags=wire.FLAG_RESULT, job_id=JOB.job_id, worker_id=0, word_count=wc, bank=(g // 8) & 1,
+             slot=100 + g % 8, tag=g & 0xFFFF, offset=off, token=JOB.token)
+    f.update(change)
+    return wire.pack_packet(wire.Header(version=wire.VERSION, reserved=0, **f), words[:f["word_count"]])
+
+
+def test_both_datapaths_match_results_alike() -> None:
+    seen = {}
+    for native in (False, True):
+        a, b = _pair()
+        rnd, _ = _round(native)
+        dp = _datapath(rnd, a, native)
+        dp.send([0, 1, 2, 3])
+        for c in range(4):
+            rnd.cur[(rnd.seq0 + c) % 8] = c
+        datagrams = [
+            _result(rnd, 2, list(range(100, 107))),  # matches chunk 2
+            _result(rnd, 0, [-1] * 7),  # matches chunk 0
+            _result(rnd, 0, [5] * 7),  # a second copy: late now
+            _result(rnd, 1, [1] * 7, token=1),  # wrong token: ignored
+            _result(rnd, 1, [1] * 7, job_id=6),  # another job: ignored
+            _result(rnd, 1, [1] * 7, tag=3),  # a stale use of chunk 1's slot: late
+            b"short",
+            PROBE_PREFIX + b"abc",
+            _result(rnd, 3, [2**31 - 1, -2**31, 0, 1, 2, 3, 4]),  # chunk 3: stream 0, words 21..27
+        ]
+        for d in datagrams:
+            b.send(d)
+        events: list[int] = []
+        late: list[tuple[int, int, int]] = []
+        import time
+        time.sleep(0.1)
+        with pytest.raises(BlockingIOError):
+            dp.recv(a.fileno(), a.recv_into, events, late)
+        seen[native] = (events, late, [o.tolist() for o in rnd.outs], bytes(rnd.completed), list(rnd.cur),
+                        rnd.ignored, rnd.probes)
+        a.close(), b.close()
+    assert seen[True] == seen[False]
+    events, late, outs, completed, cur, ignored, probes = seen[True]
+    assert events == [2, 0, 3] and completed == bytes([1, 0, 1, 1, 0, 0, 0])
+    assert len(late) == 2 and ignored == 3 and probes == 1
+    assert outs[0][14:21] == list(range(100, 107)) and outs[0][21:28] == [2**31 - 1, -2**31, 0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("words", [1000, 123_457])
+def test_a_port_gives_the_same_results_and_wire_bytes_either_way(words: int) -> None:
+    x = torch.randint(-2**31, 2**31 - 1, (words,), dtype=torch.int32)
+    got, wires = {}, {}
+    for native in (False, True):
+        fake = FakeSwitch(lambda i, h: [(0.0, 1)])
+        try:
+            with UdpSwitchPort(fake.addr, rank=0, job_id=1, world_size=1, n_slots=32, words_per_packet=500,
+                               timeout=20.0, native=native) as port:
+                (got[native],) = port.combine([Stream("x", CombineOp.ADD, x)])
+                assert port.stats["retransmits"] == 0
+        finally:
+            fake.close()
+        wires[native] = sorted(fake.received)
+    assert torch.equal(got[True], x) and torch.equal(got[False], x)
+    assert wires[True] == wires[False]

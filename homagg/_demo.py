@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
     import switch_emulator
 
+    from .bench._report import print_table
+
     from .transport import ControlClient, parse_addr
     from .transport._auth import resolve_secret
 
@@ -96,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(v.scheme, f"{v.bytes:,}", f"{v.time:.3f}", f"{logical * 8 / v.time / 1e9:.3f}",
                       "[green]yes[/green]" if v.ok else f"[red]NO[/red] ({'; '.join(v.problems)})")
     if verdicts:
-        console.print(table)
+        print_table(console, table)
     injected = status.get("drop_injected", 0) + status.get("drop_injected_egress", 0)
     retx = sum(r["port_stats"]["retransmits"] for r in results if isinstance(r, dict))
     console.print(f"switch: {status['rx']} packets in, {status['tx']} out, {status['dropped']} dropped "

@@ -129,3 +129,13 @@ def test_bench_codec_table_is_not_cut_at_80_columns(monkeypatch: pytest.MonkeyPa
     for header in ("scheme", "encode ms", "decode ms", "bytes/worker", "x dense", "rounds", "(enc+dec)/add"):
         assert header in out
     assert "auto (" in out and max(len(line) for line in out.splitlines()) > 80
+
+
+def test_bench_switch_table_is_not_cut_at_80_columns(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["bench", "switch", "--workers", "2", "--numel", "20000", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    for header in ("workers", "numel", "homagg s", "gloo s", "homagg Gbit/s", "gloo Gbit/s", "retx", "spurious"):
+        assert header in out

@@ -126,8 +126,9 @@ def measure(numel: int, density: float, workers: int, schemes: list[str], repeat
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.measure import Measurement
     from rich.table import Table
+
+    from ._report import print_table
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -146,10 +147,7 @@ def run(args: argparse.Namespace) -> int:
             str(r["rounds"]),
             f"{r['ratio_to_add']:.2f}",
         )
-    console = Console()
-    # never cut or wrap the table (a pipe or a narrow terminal reports 80 columns): widen to fit
-    console.width = max(console.width, Measurement.get(console, console.options.update_width(1 << 12), table).maximum)
-    console.print(table)
+    print_table(Console(), table)
     if args.json:
         args.json.write_text(json.dumps(records, indent=2))
     return 0

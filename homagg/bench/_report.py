@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["out_folder", "load_range", "write_report"]
+__all__ = ["out_folder", "load_range", "write_report", "print_table"]
 
 Plot = tuple[str, Callable[[Path], None]]  #: (file name, function drawing into that path)
 
@@ -22,6 +22,15 @@ def out_folder(out: str | None, command: str) -> Path:
     folder = Path(out or f"results/bench-{command}-{time.strftime('%Y%m%d-%H%M%S')}")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def print_table(console: Any, table: Any) -> None:
+    """Print a rich ``table`` whole: never cut or wrapped (a pipe or a log reports 80 columns, and
+    rich would shorten the cells to ``work…``); the console is widened to the table's width."""
+    from rich.measure import Measurement
+
+    console.width = max(console.width, Measurement.get(console, console.options.update_width(1 << 12), table).maximum)
+    console.print(table)
 
 
 def load_range(records: Sequence[Mapping[str, Any]]) -> str:

@@ -147,6 +147,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+
+    from ._report import print_table
     from rich.table import Table
 
     console = Console()
@@ -167,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(str(r["workers"]), f"{r['numel']:,}", str(r["payload_words"]), f"{r['homagg_s']:.3f}",
                       f"{r['gloo_s']:.3f}", f"{r['goodput_gbps']:.2f}", f"{r['gloo_goodput_gbps']:.2f}",
                       str(r["retransmits"]), str(r["spurious_retransmits"]), f"{r['load_1min']:.1f}")
-    console.print(table)
+    print_table(console, table)
     if args.json:
         args.json.write_text(json.dumps(records, indent=2) + "\n")
     return 0

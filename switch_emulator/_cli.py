@@ -47,6 +47,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="stderr log of admissions, removals and refused requests (default info)")
     p.add_argument("--backend", choices=("udp", "raw"), default="udp", help="udp socket, or raw AF_PACKET ports")
+    p.add_argument("--engine", choices=("auto", "python", "native"), default="auto",
+                   help="udp backend: the pipeline in C with batched syscalls (native), or the Python "
+                        "reference (python); auto: native where it was built, python with fault injection")
     p.add_argument("--iface", action="append", default=[], help="raw backend: interface to serve (repeatable)")
     p.add_argument("--slots", type=int, default=SWITCH_POOL_SLOTS, help=f"slot pool size (default {SWITCH_POOL_SLOTS})")
     mc = p.add_mutually_exclusive_group()
@@ -128,7 +131,8 @@ def _serve(args: argparse.Namespace, data: tuple[str, int], control: tuple[str, 
     if args.backend == "udp":
         from .io_udp import UdpBackend
 
-        backend: object = UdpBackend(data, multicast=not args.no_multicast, multicast_any_address=args.multicast)
+        backend: object = UdpBackend(data, multicast=not args.no_multicast, multicast_any_address=args.multicast,
+                                     engine=args.engine)
     else:
         from .io_raw import RawBackend
 
@@ -136,6 +140,8 @@ def _serve(args: argparse.Namespace, data: tuple[str, int], control: tuple[str, 
     sw = Switch(backend.send, pool_slots=args.slots, faults=faults,  # type: ignore[attr-defined]
                 allow_faults=args.allow_faults or faults.active)
     sw.data_addr = backend.addr  # type: ignore[attr-defined]
+    if args.backend == "udp":
+        backend.check_engine(sw)  # type: ignore[attr-defined]
     for spec in load_jobs(args.jobs) if args.jobs else []:
         sw.admit(spec, f"job file {args.jobs}")
     ctl = ControlServer(sw, control, secret=secret).start()

@@ -84,11 +84,18 @@ def start(
     faults: FaultConfig | None = None,
     allow_faults: bool | None = None,
     secret: str | None = None,
+    engine: str = "auto",
 ) -> RunningSwitch:
-    """Serve an emulator (UDP backend) from daemon threads of this process."""
+    """Serve an emulator (UDP backend) from daemon threads of this process.  ``engine``: ``auto``
+    (native where built, python with fault injection), ``python`` or ``native`` (:mod:`.native`)."""
     secret = secret or new_secret()
-    backend = UdpBackend(listen)
+    backend = UdpBackend(listen, engine=engine)
     sw = Switch(backend.send, pool_slots=pool_slots, faults=faults, allow_faults=allow_faults)
+    try:
+        backend.check_engine(sw)
+    except BaseException:
+        backend.close()
+        raise
     sw.data_addr = backend.addr
     ctl = ControlServer(sw, control, secret=secret).start()
     remember_secret(ctl.addr, secret)
@@ -118,6 +125,7 @@ def spawn(
     allow_faults: bool = False,
     secret: str | None = None,
     log_level: str = "warning",
+    engine: str = "auto",
 ) -> RunningSwitch:
     """Start ``python -m switch_emulator`` as a child; returns once it serves (bound addresses known).
 
@@ -128,7 +136,7 @@ def spawn(
     secret = secret or new_secret()
     cmd = [sys.executable, "-m", "switch_emulator", "--listen", f"{listen[0]}:{listen[1]}",
            "--control", f"{control[0]}:{control[1]}", "--slots", str(pool_slots), "--drop", str(drop),
-           "--duplicate", str(duplicate), "--reorder", str(reorder), "--ready-json", "--quiet", "--watch-stdin", "--log-level", log_level]
+           "--duplicate", str(duplicate), "--reorder", str(reorder), "--ready-json", "--quiet", "--watch-stdin", "--log-level", log_level, "--engine", engine]
     if allow_faults:
         cmd.append("--allow-faults")
     if seed is not None:

@@ -13,6 +13,7 @@ offered a group that this backend sends to.
 
 from __future__ import annotations
 
+import logging
 import select
 import socket
 import threading
@@ -21,9 +22,19 @@ import time
 from homagg._errors import ConfigError
 from homagg.transport._sockets import BUFFER_BYTES, enable_multicast_send, multicast_group, set_buffers
 
+from . import native
 from .switch import Switch
 
 __all__ = ["UdpBackend", "set_buffers", "BUFFER_BYTES"]
+
+
+_said: set[str] = set()
+
+
+def _say_once(msg: str) -> None:
+    if msg not in _said:
+        _said.add(msg)
+        logging.getLogger("homagg.switch").warning(msg)
 
 
 class UdpBackend:
@@ -32,10 +43,18 @@ class UdpBackend:
     name = "udp"
 
     def __init__(self, listen: tuple[str, int] = ("127.0.0.1", 0), multicast: bool = True,
-                 multicast_any_address: bool = False) -> None:
+                 multicast_any_address: bool = False, engine: str = "auto") -> None:
         """``multicast``: send results to groups where possible (loopback); with
         ``multicast_any_address`` also on a non-loopback address, and raise :class:`ConfigError`
-        where that is impossible (IPv6, the wildcard address) rather than fall back silently."""
+        where that is impossible (IPv6, the wildcard address) rather than fall back silently.
+        ``engine``: ``python`` (:mod:`.pipeline`, the reference), ``native`` (:mod:`.native`:
+        C with batched syscalls; :class:`ConfigError` where it was not built) or ``auto``
+        (native where built, unless the switch injects faults)."""
+        if engine not in ("auto", "python", "native"):
+            raise ConfigError(f"engine must be auto, python or native, not {engine!r}")
+        if engine == "native" and not native.AVAILABLE:
+            raise ConfigError("the native engine was not built (no C compiler at install?); use --engine python")
+        self.engine = engine
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             set_buffers(self.sock)
@@ -69,10 +88,26 @@ class UdpBackend:
         except OSError:
             pass  # e.g. a worker went away; the worker side recovers by retransmission
 
+    def check_engine(self, switch: Switch) -> None:
+        """Raise :class:`ConfigError` if the asked engine cannot serve ``switch`` (the native engine
+        does not inject faults)."""
+        if self.engine == "native" and (switch.faults.config.active or switch.allow_faults):
+            raise ConfigError("fault injection runs in the python engine only (--engine python)")
+
     def serve(self, switch: Switch) -> None:
         switch.data_addr = self.addr
         switch.backend = self.name
         switch.group_for = self.group_for if self.multicast else None
+        engine = self.engine
+        if engine == "auto":
+            engine = "native" if native.AVAILABLE and not (switch.faults.config.active or switch.allow_faults) else "python"
+            if not native.AVAILABLE:
+                _say_once("the native engine was not built (no C compiler at install?): the python engine serves")
+        self.check_engine(switch)
+        switch.engine = engine
+        if engine == "native":
+            native.NativeEngine().serve(switch, self.sock, self._stop)
+            return
         buf = bytearray(65536)
         recv = self.sock.recvfrom_into
         sock = self.sock

@@ -71,7 +71,7 @@ class JobState:
             i = 2 * rel + b
             bm, cnt, key = self.bitmap[i], self.count[i], self.key[i]
             banks.append({
-                "bank": b, "bitmap": bm, "count": cnt, "complete": cnt == self.world_size,
+                "bank": b, "bitmap": int(bm), "count": int(cnt), "complete": bool(cnt == self.world_size),
                 "missing": [w for w in range(self.world_size) if not bm >> w & 1],
                 "tag": None if key is None else key[0], "offset": None if key is None else key[1],
             })

@@ -34,6 +34,9 @@ __all__ = ["Switch"]
 
 log = logging.getLogger("homagg.switch")
 
+#: control commands that change what the data plane's tables hold
+_TABLE_COMMANDS = frozenset({"admit", "register", "remove", "group", "subscribe"})
+
 
 class Switch:
     def __init__(self, send: SendFn, *, pool_slots: int = SWITCH_POOL_SLOTS, faults: FaultConfig | None = None,
@@ -47,6 +50,11 @@ class Switch:
         #: job id -> its result multicast group; set by a backend that can send to groups
         self.group_for: Callable[[int], tuple[str, int]] | None = None
         self.backend = "none"
+        #: the engine running the pipeline: "python" (pipeline.py) or "native" (native.py); set by the backend
+        self.engine = "python"
+        #: set by the native engine while it serves: called after a control change of the tables (and
+        #: before a read of counters or cells: the engine syncs them)
+        self.on_tables_changed: Callable[[], None] | None = None
         self.started = time.time()
         self._admit_lock = threading.Lock()  # picking a free job id / slot range and admitting: atomic
         self._ctx = threading.local()  # the peer of the request this (control server) thread serves
@@ -58,6 +66,7 @@ class Switch:
         return self.faults.ingress if self.faults.config.active else self.pipeline.process
 
     def housekeeping(self) -> None:
+        """Forget jobs idle beyond their ``idle_timeout_s``."""
         now = time.monotonic()
         for job in list(self.admission.jobs.values()):
             t = job.spec.idle_timeout_s
@@ -92,7 +101,13 @@ class Switch:
             if handler is None:
                 raise ConfigError(f"unknown control command {cmd!r}")
             self._ctx.peer = peer
-            return {"ok": True, **handler(req)}
+            hook = self.on_tables_changed
+            if hook is not None and cmd in ("status", "slot"):
+                hook()  # the native engine hands over its counters and cell state first
+            resp = {"ok": True, **handler(req)}
+            if hook is not None and cmd in _TABLE_COMMANDS:
+                hook()  # the native engine applies the change before the requester goes on
+            return resp
         except (HomAggError, KeyError, TypeError, ValueError) as exc:
             if req.get("cmd") in ("admit", "register", "remove", "faults"):
                 log.warning("%s from %s refused: %s: %s", req.get("cmd"), peer, type(exc).__name__, exc)
@@ -170,6 +185,7 @@ class Switch:
             "pool_slots": self.admission.pool_slots,
             "data": list(self.data_addr or ()),
             "backend": self.backend,
+            "engine": self.engine,
             "uptime_s": round(time.time() - self.started, 3),
         }
 
@@ -179,6 +195,8 @@ class Switch:
     def _cmd_faults(self, req: dict[str, Any]) -> dict[str, Any]:
         if not self.allow_faults:
             raise ConfigError("fault injection is disabled on this switch (start it with --allow-faults)")
+        if self.engine != "python":
+            raise ConfigError("fault injection runs in the python engine only (start the switch with --engine python)")
         cfg = FaultConfig(**{k: req[k] for k in ("drop", "duplicate", "reorder", "seed") if k in req})
         self.faults.configure(cfg)
         log.info("fault injection set to %s by %s", cfg.to_dict(), self._peer)

@@ -1,0 +1,290 @@
+/* The emulator's native data plane: the pipeline of switch_emulator/pipeline.py in C, with
+ * batched syscalls (recvmmsg in, sendmmsg out) and no Python per datagram.
+ *
+ * Plain C, no Python API, loaded with ctypes by switch_emulator/native.py, which owns every array
+ * this code reads and writes (numpy) and rebuilds the tables between calls of hg_serve; the
+ * control plane (jobs, admission, counters, the control port) stays in Python.  The stages and
+ * their order are pipeline.py's, verdict for verdict and counter for counter:
+ *
+ *   parse (short, version, op, length, result_flag) -> admission (unknown_source,
+ *   admission_mismatch, token, word_count) -> slot (slot_range) -> worker bitmap (FIRST, ADD,
+ *   ANSWER, DUPLICATE, STALE, CONFLICT; bitmap.py) -> combine (ADD wraps, OR, signed MAX;
+ *   combine.py) -> completion (completion.py) -> replication (replication.py: one copy to the
+ *   job's multicast group for subscribed workers, worker_id 0; one unicast per other registered
+ *   worker; ANSWER: a unicast of the stored result to that worker).
+ *
+ * tests/test_emulator_native.py feeds the same datagrams through both engines and compares every
+ * result byte and every counter.  Wire format: homagg/wire.py (20-byte big-endian header, then
+ * big-endian int32 words).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#define HDR 20
+#define VERSION 2
+#define FLAG_RESULT 0x01
+#define BATCH 64
+#define MAX_WORKERS 32
+#define MAX_COPIES (BATCH * (MAX_WORKERS + 1))
+#define STRIDE (65536 + 64)
+
+/* counter indices: switch_emulator/native.py names them in this order */
+enum { C_RX, C_TX, C_ACCEPTED, C_COMPLETED, C_ANSWERED, D_SHORT, D_VERSION, D_OP, D_LENGTH, D_RESULT_FLAG,
+       D_UNKNOWN_SOURCE, D_ADMISSION_MISMATCH, D_TOKEN, D_WORD_COUNT, D_SLOT_RANGE, D_DUPLICATE, D_STALE,
+       D_CONFLICT, N_COUNTERS };
+
+enum { FIRST, ADD, ANSWER, DUPLICATE, STALE, CONFLICT };
+
+typedef struct {          /* one admitted source (ip, port in network order) */
+    uint32_t ip;
+    uint32_t port;
+    int32_t job;          /* index into the job array */
+    int32_t worker_id;
+} hg_src;
+
+typedef struct {
+    int32_t job_id, world, slot_base, n_slots, k;
+    uint32_t token;
+    int32_t *regs;        /* [2 * n_slots][k] */
+    uint32_t *bitmap;     /* [2 * n_slots] */
+    int32_t *count;       /* [2 * n_slots] */
+    int32_t *key;         /* [2 * n_slots][5]: set, tag, offset, op, word_count */
+    uint32_t *addr_ip;    /* [world] network order; addr_port 0: not registered */
+    uint32_t *addr_port;
+    uint32_t subscribed;
+    uint32_t group_ip, group_port;  /* group_port 0: no group */
+    int64_t packets, completed;
+} hg_job;
+
+static inline uint32_t get16(const uint8_t *p) { return ((uint32_t)p[0] << 8) | p[1]; }
+static inline uint32_t get32(const uint8_t *p) { uint32_t b; memcpy(&b, p, 4); return __builtin_bswap32(b); }
+static inline void put16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
+static inline void put32(uint8_t *p, uint32_t v) { uint32_t b = __builtin_bswap32(v); memcpy(p, &b, 4); }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+    struct mmsghdr msgs[MAX_COPIES];
+    struct iovec iov[MAX_COPIES][2];
+    struct sockaddr_in dst[MAX_COPIES];
+    uint8_t hdr[MAX_COPIES][HDR];
+    int n;
+    uint8_t *payloads;    /* BATCH payload buffers of STRIDE bytes (results of this batch) */
+    int npay;
+} outq;
+
+static void flush(int fd, outq *q) {
+    int done = 0;
+    while (done < q->n) {
+        int sent = sendmmsg(fd, q->msgs + done, (unsigned)(q->n - done), MSG_DONTWAIT);
+        if (sent > 0) {
+            done += sent;
+            continue;
+        }
+        if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            if (poll(&p, 1, 50) > 0)
+                continue;
+        }
+        if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            done++;       /* e.g. a worker went away: skip that copy (workers retransmit) */
+            continue;
+        }
+        break;            /* buffer still full after 50 ms: the rest counts as lost */
+    }
+    q->n = 0;
+    q->npay = 0;
+}
+
+/* Queue the result of cell i of job j to (ip, port) with worker_id wid; the payload (shared by
+ * the copies of one result) is written once per result (pay). */
+static void out(outq *q, const hg_job *j, int i, uint32_t wid, uint32_t ip, uint32_t port, const uint8_t *pay,
+                int64_t *c) {
+    int m = q->n++;
+    const int32_t *key = j->key + 5 * i;
+    uint8_t *h = q->hdr[m];
+    h[0] = (uint8_t)((VERSION << 4) | (key[3] & 0xF));
+    h[1] = FLAG_RESULT;
+    put16(h + 2, (uint32_t)j->job_id);
+    h[4] = (uint8_t)wid;
+    h[5] = 0;
+    put16(h + 6, (uint32_t)key[4]);
+    put16(h + 8, ((uint32_t)(i & 1) << 15) | (uint32_t)(j->slot_base + (i >> 1)));
+    put16(h + 10, (uint32_t)key[1]);
+    put32(h + 12, (uint32_t)key[2]);
+    put32(h + 16, j->token);
+    q->iov[m][0].iov_base = h;
+    q->iov[m][0].iov_len = HDR;
+    q->iov[m][1].iov_base = (void *)pay;
+    q->iov[m][1].iov_len = 4 * (size_t)key[4];
+    memset(&q->dst[m], 0, sizeof q->dst[m]);
+    q->dst[m].sin_family = AF_INET;
+    q->dst[m].sin_addr.s_addr = ip;
+    q->dst[m].sin_port = (uint16_t)port;
+    memset(&q->msgs[m].msg_hdr, 0, sizeof q->msgs[m].msg_hdr);
+    q->msgs[m].msg_hdr.msg_name = &q->dst[m];
+    q->msgs[m].msg_hdr.msg_namelen = sizeof q->dst[m];
+    q->msgs[m].msg_hdr.msg_iov = q->iov[m];
+    q->msgs[m].msg_hdr.msg_iovlen = 2;
+    c[C_TX]++;
+}
+
+static const uint8_t *payload(outq *q, const hg_job *j, int i) {
+    uint8_t *p = q->payloads + (int64_t)q->npay++ * STRIDE;
+    const int32_t *r = j->regs + (int64_t)i * j->k;
+    int32_t wc = j->key[5 * i + 4];
+    for (int32_t w = 0; w < wc; w++)
+        put32(p + 4 * w, (uint32_t)r[w]);
+    return p;
+}
+
+static void process(const uint8_t *b, int64_t n, uint32_t sip, uint32_t sport, const hg_src *srcs, int nsrc,
+                    hg_job *jobs, int64_t *c, outq *q) {
+    c[C_RX]++;
+    if (n < HDR) { c[D_SHORT]++; return; }
+    uint32_t version = b[0] >> 4, op = b[0] & 0xF, flags = b[1];
+    if (version != VERSION) { c[D_VERSION]++; return; }
+    if (op > 2) { c[D_OP]++; return; }
+    uint32_t wc = get16(b + 6);
+    if (wc == 0 || n != HDR + 4 * (int64_t)wc) { c[D_LENGTH]++; return; }
+    if (flags & FLAG_RESULT) { c[D_RESULT_FLAG]++; return; }
+    const hg_src *s = NULL;
+    for (int k = 0; k < nsrc; k++)
+        if (srcs[k].ip == sip && srcs[k].port == sport) { s = &srcs[k]; break; }
+    if (s == NULL) { c[D_UNKNOWN_SOURCE]++; return; }
+    hg_job *j = &jobs[s->job];
+    if ((int32_t)get16(b + 2) != j->job_id || (int32_t)b[4] != s->worker_id) { c[D_ADMISSION_MISMATCH]++; return; }
+    if (get32(b + 16) != j->token) { c[D_TOKEN]++; return; }
+    if ((int32_t)wc > j->k) { c[D_WORD_COUNT]++; return; }
+    j->packets++;
+    uint32_t bs = get16(b + 8), slot = bs & 0x7FFF, bank = bs >> 15;
+    int32_t rel = (int32_t)slot - j->slot_base;
+    if (rel < 0 || rel >= j->n_slots) { c[D_SLOT_RANGE]++; return; }
+    int i = 2 * rel + (int)bank;
+    int32_t tag = (int32_t)get16(b + 10), off = (int32_t)get32(b + 12);
+    int32_t *key = j->key + 5 * i;
+    int same = key[0] && key[1] == tag && key[2] == off && key[3] == (int32_t)op && key[4] == (int32_t)wc;
+    uint32_t w = (uint32_t)s->worker_id, bit = 1u << w, bm = j->bitmap[i];
+    int32_t cnt = j->count[i];
+    int complete = cnt == j->world, verdict;
+    if (bm & bit)
+        verdict = complete && same ? ANSWER : DUPLICATE;
+    else if (cnt == 0 || complete)
+        verdict = (bm || same) ? STALE : FIRST;
+    else
+        verdict = same ? ADD : CONFLICT;
+    if (verdict > ADD) {
+        if (verdict == ANSWER) {
+            c[C_ANSWERED]++;
+            if (j->addr_port[w])
+                out(q, j, i, w, j->addr_ip[w], j->addr_port[w], payload(q, j, i), c);
+            else
+                c[C_TX]++;  /* pipeline.py counts tx for an answer even when the worker has no address */
+        } else if (verdict == DUPLICATE) {
+            c[D_DUPLICATE]++;
+        } else if (verdict == STALE) {
+            c[D_STALE]++;
+        } else {
+            c[D_CONFLICT]++;
+        }
+        return;
+    }
+    int first = verdict == FIRST;
+    j->bitmap[i] = first ? bit : bm | bit;   /* bitmap.mark: this bank counts w ... */
+    j->bitmap[i ^ 1] &= ~bit;                /* ... and w has the other bank's previous result */
+    if (first) {
+        key[0] = 1; key[1] = tag; key[2] = off; key[3] = (int32_t)op; key[4] = (int32_t)wc;
+    }
+    c[C_ACCEPTED]++;
+    int32_t *r = j->regs + (int64_t)i * j->k;
+    const uint8_t *p = b + HDR;
+    if (first) {
+        for (uint32_t x = 0; x < wc; x++) r[x] = (int32_t)get32(p + 4 * x);
+    } else if (op == 0) {
+        for (uint32_t x = 0; x < wc; x++) r[x] = (int32_t)((uint32_t)r[x] + get32(p + 4 * x));
+    } else if (op == 1) {
+        for (uint32_t x = 0; x < wc; x++) r[x] |= (int32_t)get32(p + 4 * x);
+    } else {
+        for (uint32_t x = 0; x < wc; x++) { int32_t v = (int32_t)get32(p + 4 * x); if (v > r[x]) r[x] = v; }
+    }
+    int32_t now_cnt = first ? 1 : cnt + 1;
+    j->count[i] = now_cnt;
+    if (now_cnt != j->world)
+        return;
+    j->completed++;
+    c[C_COMPLETED]++;
+    const uint8_t *pay = payload(q, j, i);
+    uint32_t sub = j->subscribed;
+    if (sub && j->group_port)
+        out(q, j, i, 0, j->group_ip, j->group_port, pay, c);
+    for (int32_t x = 0; x < j->world; x++) {
+        if (!j->addr_port[x] || (sub >> x & 1))
+            continue;
+        out(q, j, i, (uint32_t)x, j->addr_ip[x], j->addr_port[x], pay, c);
+    }
+}
+
+/* Serve ``fd`` for at most ``max_s`` seconds: receive batches, run them through the pipeline, send
+ * the results.  Returns early (after finishing the batch in hand) when ``*dirty`` is set (the
+ * control plane changed the tables) or the socket stayed idle for ``idle_s``.  ``rbuf``: BATCH x
+ * STRIDE bytes; ``payloads``: BATCH x STRIDE bytes.  Returns the datagrams processed. */
+int64_t hg_serve(int fd, const hg_src *srcs, int32_t nsrc, hg_job *jobs, int64_t *counters, double max_s,
+                 double idle_s, volatile int32_t *dirty, uint8_t *rbuf, uint8_t *payloads, void *scratch) {
+    outq *q = (outq *)scratch;
+    q->n = 0;
+    q->npay = 0;
+    q->payloads = payloads;
+    struct mmsghdr msgs[BATCH];
+    struct iovec iov[BATCH];
+    struct sockaddr_in from[BATCH];
+    double t0 = now_s(), deadline = t0 + max_s;
+    int64_t total = 0;
+    while (!*dirty) {
+        for (int i = 0; i < BATCH; i++) {
+            iov[i].iov_base = rbuf + (int64_t)i * STRIDE;
+            iov[i].iov_len = STRIDE;
+            memset(&msgs[i].msg_hdr, 0, sizeof msgs[i].msg_hdr);
+            msgs[i].msg_hdr.msg_name = &from[i];
+            msgs[i].msg_hdr.msg_namelen = sizeof from[i];
+            msgs[i].msg_hdr.msg_iov = &iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        int got = recvmmsg(fd, msgs, BATCH, MSG_DONTWAIT, NULL);
+        if (got <= 0) {
+            if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                continue;  /* e.g. an ICMP error reported on the socket: ignore, as io_udp.py does */
+            double t = now_s();
+            if (t >= deadline)
+                break;
+            double wait = idle_s < deadline - t ? idle_s : deadline - t;
+            struct pollfd p = {fd, POLLIN, 0};
+            if (poll(&p, 1, (int)(wait * 1000) + 1) <= 0)
+                break;  /* idle: back to Python (fault flush, housekeeping) */
+            continue;
+        }
+        for (int i = 0; i < got; i++) {
+            if (from[i].sin_family != AF_INET) { counters[C_RX]++; counters[D_UNKNOWN_SOURCE]++; continue; }
+            process(rbuf + (int64_t)i * STRIDE, msgs[i].msg_len, from[i].sin_addr.s_addr, from[i].sin_port,
+                    srcs, nsrc, jobs, counters, q);
+        }
+        flush(fd, q);
+        total += got;
+        if (now_s() >= deadline)
+            break;
+    }
+    return total;
+}
+
+int64_t hg_scratch_size(void) { return (int64_t)sizeof(outq); }
+int32_t hg_n_counters(void) { return N_COUNTERS; }

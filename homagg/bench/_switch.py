@@ -93,15 +93,15 @@ def _free_port() -> int:
 
 
 def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: int = 64, repeats: int = 5,
-            drop: float = 0.0, timeout: float = 60.0) -> dict[str, Any]:
-    """One configuration: start an emulator, run the workers, return the record."""
+            drop: float = 0.0, timeout: float = 60.0, engine: str = "auto") -> dict[str, Any]:
+    """One configuration: start an emulator (``engine``), run the workers, return the record."""
     import switch_emulator
 
     from ..transport import ControlClient
     from ..transport._procs import RankFailure, Workers, context
 
     load = round(os.getloadavg()[0], 2)
-    with switch_emulator.spawn(drop=drop) as sw:
+    with switch_emulator.spawn(drop=drop, engine=engine) as sw:
         ctl = ControlClient(sw.control_addr)
         job = ctl.admit(workers, n_slots=slots, words_per_packet=words_per_packet)
         cfg = {"workers": workers, "numel": numel, "repeats": repeats, "timeout": timeout, "data": list(sw.data_addr),
@@ -109,7 +109,8 @@ def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: i
                "secret": sw.secret}
         barrier = context().Barrier(workers)
         results = Workers(_worker, workers, cfg, barrier).join(timeout * (repeats + 2) * 2 + 60)
-        counters = ctl.status()["counters"]
+        status = ctl.status()
+        counters = status["counters"]
         ctl.remove(job.job_id)
     failed = [r for r in results if isinstance(r, RankFailure)]
     if failed:
@@ -118,8 +119,11 @@ def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: i
     gloo_rep = [max(r["gloo"][i] for r in results) for i in range(repeats)]
     h, g = statistics.median(homagg_rep), statistics.median(gloo_rep)
     bits = numel * 4 * 8
+    datagrams = workers * -(-numel // words_per_packet)  # into the switch per call
     return {
         "workers": workers, "numel": numel, "payload_words": words_per_packet, "slots": slots, "repeats": repeats,
+        "engine": status["engine"], "frame_bytes": frame_bytes(words_per_packet),
+        "switch_datagrams_per_s": datagrams / h, "payload_in_gbps": workers * bits / h / 1e9,
         "homagg_s": h, "gloo_s": g, "goodput_gbps": bits / h / 1e9, "gloo_goodput_gbps": bits / g / 1e9,
         "homagg_runs_s": homagg_rep, "gloo_runs_s": gloo_rep,
         **{k: sum(r["stats"][k] for r in results) for k in _RETX_KEYS},
@@ -130,6 +134,12 @@ def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: i
     }
 
 
+def frame_bytes(words_per_packet: int) -> int:
+    """The Ethernet frame (without preamble and FCS) of a full datagram: 14 + IPv4 20 + UDP 8 +
+    homagg header 20 + 4 bytes per word; 2238 words: 9014 (MTU 9000), 363 words: 1514 (MTU 1500)."""
+    return 14 + 20 + 8 + 20 + 4 * words_per_packet
+
+
 def _ints(text: str) -> list[int]:
     return [int(float(x)) for x in str(text).split(",") if x]
 
@@ -137,7 +147,11 @@ def _ints(text: str) -> list[int]:
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", default="4", help="worker processes, comma-separated list (default 4)")
     p.add_argument("--numel", default="10000000", help="int32 words per worker, comma-separated (default 10M)")
-    p.add_argument("--words-per-packet", type=int, default=16000, help="K, words per packet (default 16000, jumbo)")
+    p.add_argument("--words-per-packet", default="16000",
+                   help="K, words per packet, comma-separated (default 16000, a 64 KB datagram; 2238 fills an "
+                        "MTU-9000 frame, 363 an MTU-1500 one)")
+    p.add_argument("--engine", default="auto",
+                   help="emulator engines, comma-separated: auto, native, python (default auto: native where built)")
     p.add_argument("--slots", type=int, default=64, help="window: slots of the job (default 64)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats after one warm-up; medians reported")
     p.add_argument("--drop", type=float, default=0.0, help="loss injected at the emulator")
@@ -153,21 +167,26 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     records = []
-    for w in _ints(args.workers):
-        for n in _ints(args.numel):
-            with console.status(f"{w} workers, {n:,} words: homagg (emulator) and gloo"):
-                rec = measure(w, n, words_per_packet=args.words_per_packet, slots=args.slots, repeats=args.repeats,
-                              drop=args.drop, timeout=args.timeout)
-            records.append(rec)
-            console.print(f"W={w} numel={n:,}: homagg {rec['homagg_s']:.3f}s ({rec['goodput_gbps']:.2f} Gbit/s), "
-                          f"gloo {rec['gloo_s']:.3f}s ({rec['gloo_goodput_gbps']:.2f} Gbit/s)")
+    for engine in [e.strip() for e in args.engine.split(",") if e.strip()]:
+        for k in _ints(args.words_per_packet):
+            for w in _ints(args.workers):
+                for n in _ints(args.numel):
+                    with console.status(f"{engine} engine, K={k}, {w} workers, {n:,} words: homagg and gloo"):
+                        rec = measure(w, n, words_per_packet=k, slots=args.slots, repeats=args.repeats,
+                                      drop=args.drop, timeout=args.timeout, engine=engine)
+                    records.append(rec)
+                    console.print(f"{rec['engine']} K={k} W={w} numel={n:,}: homagg {rec['homagg_s']:.3f}s "
+                                  f"({rec['payload_in_gbps']:.2f} Gbit/s in, {rec['switch_datagrams_per_s']:,.0f} "
+                                  f"datagrams/s), gloo {rec['gloo_s']:.3f}s")
     table = Table(title="homagg emulator vs gloo allreduce (int32, loopback, medians)")
-    for col in ("workers", "numel", "K", "homagg s", "gloo s", "homagg Gbit/s", "gloo Gbit/s", "retx",
-                "spurious", "load"):
+    for col in ("engine", "workers", "numel", "K", "frame B", "homagg s", "gloo s", "switch dgram/s", "payload in Gbit/s",
+                "homagg Gbit/s", "gloo Gbit/s", "retx", "spurious", "load"):
         table.add_column(col, justify="right")
     for r in records:
-        table.add_row(str(r["workers"]), f"{r['numel']:,}", str(r["payload_words"]), f"{r['homagg_s']:.3f}",
-                      f"{r['gloo_s']:.3f}", f"{r['goodput_gbps']:.2f}", f"{r['gloo_goodput_gbps']:.2f}",
+        table.add_row(r["engine"], str(r["workers"]), f"{r['numel']:,}", str(r["payload_words"]),
+                      str(r["frame_bytes"]), f"{r['homagg_s']:.3f}", f"{r['gloo_s']:.3f}",
+                      f"{r['switch_datagrams_per_s']:,.0f}", f"{r['payload_in_gbps']:.2f}",
+                      f"{r['goodput_gbps']:.2f}", f"{r['gloo_goodput_gbps']:.2f}",
                       str(r["retransmits"]), str(r["spurious_retransmits"]), f"{r['load_1min']:.1f}")
     print_table(console, table)
     if args.json:

@@ -74,7 +74,11 @@ def test_all_reduce_through_the_star(replication: str) -> None:
         assert rep["port_stats"]["multicast"] == (replication == "multicast"), (rank, rep["port_stats"])
         assert rep["port_stats"]["results"] > 0
     c = reports[0]["switch_counters"]
-    assert c["completed"] > 0 and c["dropped"] == 0, c
+    nonzero = {k: v for k, v in c.items() if v}
+    # the only drops: copies of retransmissions (a loaded host can make a timer fire), never another reason
+    resent = sum(rep["port_stats"]["retransmits"] for rep in reports)
+    assert c["completed"] > 0 and c["dropped"] == c["drop_duplicate"] + c["drop_stale"], f"switch counters: {nonzero}"
+    assert c["dropped"] + c["retransmit_answered"] <= resent, f"switch counters: {nonzero}; retransmitted {resent}"
     copies = 1 if replication == "multicast" else WORLD
     # every completion is sent `copies` times; a retransmission of a completed bank adds one unicast answer
     assert c["tx"] - c["retransmit_answered"] == copies * c["completed"], c

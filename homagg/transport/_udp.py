@@ -256,15 +256,16 @@ class UdpSwitchPort(SwitchPort):
             late.clear()
             if events:
                 t = time.monotonic()
-                for c in events:
+                sampled = -1.0  # one RTT sample per batch of results (its oldest clean send): as TCP
+                for c in events:  # samples once per window without timestamps, at a fraction of the cost
                     g = seq0 + c
                     s = g % nslot
                     if verify_left and chunks[c][0] == 0:
                         verify_left -= 1
                         if not verify_left:  # stream 0 is back: out of step -> raise now, not at timeout
                             self._verify_early(streams[0], outs[0], seq0 + total)
-                    if tries[s] == 0:  # Karn: a retransmitted chunk's RTT is ambiguous
-                        est.sample(t - sent_at[s])
+                    if tries[s] == 0 and sampled < 0:  # Karn: a retransmitted chunk's RTT is ambiguous
+                        sampled = t - sent_at[s]
                     last_g[s], last_retx[s] = g, tries[s] > 0
                     while low < total and completed[low]:
                         low += 1
@@ -277,6 +278,8 @@ class UdpSwitchPort(SwitchPort):
                                 resend(si, t)
                                 stats["fast_retransmits"] += 1
                         fr_next = c - DUPTHRESH
+                if sampled >= 0:
+                    est.sample(sampled)
                 got = len(events)
                 done += got
                 stats["results"] += got

@@ -238,7 +238,8 @@ static void process(const uint8_t *b, int64_t n, uint32_t sip, uint32_t sport, c
 /* Serve ``fd`` for at most ``max_s`` seconds: receive batches, run them through the pipeline, send
  * the results.  Returns early (after finishing the batch in hand) when ``*dirty`` is set (the
  * control plane changed the tables) or the socket stayed idle for ``idle_s``.  ``rbuf``: BATCH x
- * STRIDE bytes; ``payloads``: BATCH x STRIDE bytes.  Returns the datagrams processed. */
+ * STRIDE bytes; ``payloads``: BATCH x STRIDE bytes.  Returns the datagrams processed, or -1 when
+ * the socket is unusable (closed: EBADF, ENOTSOCK): the caller stops serving. */
 int64_t hg_serve(int fd, const hg_src *srcs, int32_t nsrc, hg_job *jobs, int64_t *counters, double max_s,
                  double idle_s, volatile int32_t *dirty, uint8_t *rbuf, uint8_t *payloads, void *scratch) {
     outq *q = (outq *)scratch;
@@ -262,9 +263,14 @@ int64_t hg_serve(int fd, const hg_src *srcs, int32_t nsrc, hg_job *jobs, int64_t
         }
         int got = recvmmsg(fd, msgs, BATCH, MSG_DONTWAIT, NULL);
         if (got <= 0) {
-            if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-                continue;  /* e.g. an ICMP error reported on the socket: ignore, as io_udp.py does */
+            if (got < 0 && (errno == EBADF || errno == ENOTSOCK || errno == EFAULT || errno == EINVAL))
+                return -1;  /* the socket is gone (closed under us): never spin on it */
             double t = now_s();
+            if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                if (t >= deadline)
+                    break;
+                continue;  /* e.g. an ICMP error reported on the socket: ignore, as io_udp.py does */
+            }
             if (t >= deadline)
                 break;
             double wait = idle_s < deadline - t ? idle_s : deadline - t;

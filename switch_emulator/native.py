@@ -220,11 +220,14 @@ class NativeEngine:
                 if self.dirty[0] or now_sig != sig:  # announced, or made in-process (not via control)
                     self._rebuild(switch)
                     sig = now_sig
-                _LIB.hg_serve(fd, ctypes.addressof(self._srcs), self._nsrc, ctypes.addressof(self._structs),
-                              self.counters.ctypes.data, 0.05, 0.02, self.dirty.ctypes.data, self._rbuf.ctypes.data,
-                              self._payloads.ctypes.data, self._scratch.ctypes.data)
+                got = _LIB.hg_serve(fd, ctypes.addressof(self._srcs), self._nsrc, ctypes.addressof(self._structs),
+                                    self.counters.ctypes.data, 0.05, 0.02, self.dirty.ctypes.data,
+                                    self._rbuf.ctypes.data, self._payloads.ctypes.data, self._scratch.ctypes.data)
                 self._sync_counters(switch)
                 self._sync_jobs()
+                if got < 0:  # the socket was closed under the loop (close() without stop())
+                    log.warning("native engine: the data socket is closed; serving stops")
+                    break
                 now = time.monotonic()
                 if now >= next_house:
                     before = len(switch.admission.jobs)

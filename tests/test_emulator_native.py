@@ -5,22 +5,29 @@ tests/test_p4_bmv2.py).  The differential sequence of tests/test_p4_bmv2.py -- t
 flips, partial packets, wrapping ADD, OR, signed MAX, duplicates, retransmissions answered from
 the shadow copy, stale copies, forged tokens, a conflict, unknown sources and every malformed
 kind -- goes through a real emulator of each engine over loopback sockets (one socket per worker
-source); every result datagram (per destination, in order) and every counter must be equal.
+source); every result datagram (per destination, in order), every counter and every slot's state
+must be equal.  The same with some workers subscribed to their job's multicast group (the group's
+datagrams are compared too), and for random sequences (hypothesis) of one job's datagrams drawn
+so that uses complete, banks flip, and every verdict and drop reason occurs.
 """
 
 from __future__ import annotations
 
 import socket
 import time
+import struct
 from dataclasses import replace
 
 import pytest
-import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import switch_emulator
 from homagg import ConfigError
-from homagg.jobs import WorkerAddr
+from homagg import wire
+from homagg.jobs import JobSpec, WorkerAddr
 from homagg.transport import ControlClient
+from homagg.transport._sockets import join_group
 from switch_emulator import native
 from tests.test_p4_bmv2 import jobs, worker_sequence
 
@@ -30,9 +37,27 @@ pytestmark = pytest.mark.skipif(not native.AVAILABLE,
                                 reason="the native engine was not built (no C compiler at install)")
 
 
-def _run(engine: str, seq: list[tuple[tuple[str, int], bytes]]) -> tuple[dict, dict]:
-    sources = sorted({src for src, _ in seq})
-    socks = {}
+Addr = tuple[str, int]
+
+
+def _drain(s: socket.socket) -> list[bytes]:
+    got = []
+    while True:
+        try:
+            got.append(s.recv(65536))
+        except BlockingIOError:
+            return got
+
+
+def _run(engine: str, seq: list[tuple[Addr, bytes]], specs: list[JobSpec] | None = None,
+         subscribe: dict[int, tuple[int, ...]] | None = None) -> tuple[dict, dict]:
+    """Admit ``specs`` (worker addresses: labels mapped to one real socket each), subscribe the
+    workers of ``subscribe`` (job id -> worker ids) to the job's group, send ``seq`` in order; return
+    the datagrams each socket (and each group, keyed ``("group", job id)``) received, the counters
+    and every slot's state."""
+    specs = jobs() if specs is None else specs
+    sources = sorted({src for src, _ in seq} | {w.addr for j in specs for w in j.workers})
+    socks: dict[object, socket.socket] = {}
     for src in sources:
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.bind(("127.0.0.1", 0))
@@ -41,28 +66,28 @@ def _run(engine: str, seq: list[tuple[tuple[str, int], bytes]]) -> tuple[dict, d
     real = {src: s.getsockname() for src, s in socks.items()}
     try:
         with switch_emulator.start(engine=engine) as sw:
-            for j in jobs():
+            for j in specs:
                 workers = tuple(WorkerAddr(w.worker_id, *real[w.addr]) for w in j.workers)
                 sw.switch.admit(replace(j, workers=workers), "test")
             with ControlClient(sw.control_addr) as ctl:
                 assert ctl.status()["engine"] == engine
+                deadline = time.monotonic() + 5
+                while subscribe and sw.switch.group_for is None and time.monotonic() < deadline:
+                    time.sleep(0.01)  # the serve thread sets the backend's groups as it starts
+                for job_id, wids in (subscribe or {}).items():
+                    group = ctl.request("group", job_id=job_id)["group"]
+                    socks[("group", job_id)] = join_group(tuple(group), "127.0.0.1")
+                    for w in wids:
+                        ctl.request("subscribe", job_id=job_id, worker_id=w)
                 for src, dg in seq:
                     socks[src].sendto(dg, sw.data_addr)
                 deadline = time.monotonic() + 20
                 while ctl.status()["counters"]["rx"] < len(seq) and time.monotonic() < deadline:
                     time.sleep(0.05)
                 counters = ctl.status()["counters"]
-                slots = [ctl.slot_status(j.job_id, j.slot_base + s) for j in jobs() for s in range(j.n_slots)]
+                slots = [ctl.slot_status(j.job_id, j.slot_base + s) for j in specs for s in range(j.n_slots)]
         time.sleep(0.1)
-        results = {}
-        for src, s in socks.items():
-            got = []
-            while True:
-                try:
-                    got.append(s.recv(65536))
-                except BlockingIOError:
-                    break
-            results[src] = got
+        results = {src: _drain(s) for src, s in socks.items()}
     finally:
         for s in socks.values():
             s.close()
@@ -78,6 +103,70 @@ def test_native_engine_equals_python_engine_byte_for_byte(seed: int) -> None:
     for name in ("drop_duplicate", "drop_conflict", "drop_token", "retransmit_answered",
                  "drop_unknown_source", "drop_short", "drop_length", "drop_op", "drop_version"):
         assert py_state["counters"][name] > 0, name  # the sequence exercises it
+    assert c_results == py_results
+    assert c_state == py_state
+
+
+def test_native_engine_equals_python_engine_with_multicast_subscribers() -> None:
+    """Job 1's workers 0 and 2 and job 7's worker 1 take results from the group: one group datagram
+    per completion (worker_id 0), unicasts to the rest, answers still unicast."""
+    seq = worker_sequence(5)
+    sub = {1: (0, 2), 7: (1,)}
+    py_results, py_state = _run("python", seq, subscribe=sub)
+    c_results, c_state = _run("native", seq, subscribe=sub)
+    assert py_results[("group", 1)] and py_results[("group", 7)]  # the groups carried results
+    assert c_results == py_results
+    assert c_state == py_state
+
+
+_K, _TOKEN, _BASE = 4, 0x5EED0001, 6
+_SPEC = JobSpec(3, 3, slot_base=_BASE, n_slots=2, words_per_packet=_K,
+                workers=tuple(WorkerAddr(w, "10.9.9.1", 1000 + w) for w in range(3)), token=_TOKEN).validate()
+_STRANGER = ("10.9.9.9", 1)  # a source nobody admitted
+
+
+@st.composite
+def _datagrams(draw: st.DrawFn) -> list[tuple[Addr, bytes]]:
+    """Datagrams of job 3 (3 workers, 2 slots, K = 4): mostly well-formed with few distinct keys
+    (uses complete, banks flip, retransmissions meet complete banks), some of every bad kind."""
+    op = draw(st.sampled_from(wire.OPS))
+    word = st.one_of(st.integers(-(2**31), 2**31 - 1), st.sampled_from([-(2**31), 2**31 - 1, -1, 0, 1]))
+    out = []
+    for _ in range(draw(st.integers(1, 80))):
+        w = draw(st.integers(0, 2))
+        src = _STRANGER if draw(st.integers(0, 40)) == 0 else _SPEC.workers[w].addr
+        wid = (w + 1) % 3 if draw(st.integers(0, 40)) == 0 else w
+        job_id = 4 if draw(st.integers(0, 40)) == 0 else 3
+        wc = draw(st.sampled_from([_K] * 24 + [1, 2, _K + 1]))
+        slot = draw(st.sampled_from([_BASE] * 8 + [_BASE + 1] * 8 + [_BASE - 1, _BASE + 2]))
+        bank = draw(st.integers(0, 1))
+        tag, offset = draw(st.sampled_from([0] * 9 + [1])), draw(st.sampled_from([0] * 19 + [7]))
+        flags = draw(st.sampled_from([0] * 20 + [wire.FLAG_RETRANSMIT] * 2 + [wire.FLAG_RESULT]))
+        token = _TOKEN ^ 0x100 if draw(st.integers(0, 30)) == 0 else _TOKEN
+        dg = bytearray(wire.datagram_len(wc))
+        wire.pack_header_into(dg, op, flags, job_id, wid, wc, bank, slot, tag, offset, token)
+        dg[wire.HEADER_LEN:] = struct.pack(f">{wc}i", *draw(st.lists(word, min_size=wc, max_size=wc)))
+        bad = draw(st.integers(0, 40))
+        if bad == 1:
+            dg = dg[:-1]  # length
+        elif bad == 2:
+            dg[0] = 0x30 | dg[0] & 0xF  # version
+        elif bad == 3:
+            dg[0] = dg[0] & 0xF0 | 9  # op
+        elif bad == 4:
+            dg = dg[:7]  # short
+        out.append((src, bytes(dg)))
+    return out
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(seq=_datagrams(), subscribed=st.sampled_from([(), (0,), (1, 2)]))
+def test_native_engine_equals_python_engine_on_random_sequences(seq: list[tuple[Addr, bytes]],
+                                                                subscribed: tuple[int, ...]) -> None:
+    sub = {3: subscribed} if subscribed else None
+    py_results, py_state = _run("python", seq, [_SPEC], sub)
+    c_results, c_state = _run("native", seq, [_SPEC], sub)
+    assert py_state["counters"]["rx"] == len(seq)
     assert c_results == py_results
     assert c_state == py_state
 

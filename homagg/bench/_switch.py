@@ -11,6 +11,20 @@ worker's payload per second) and the same for gloo; retransmissions summed over 
 :class:`~homagg.transport.UdpSwitchPort`) and the switch's view of them (``switch_duplicates``:
 copies of a contribution already counted, answered or dropped); ``load_1min`` is the host's load
 average when the configuration started.
+
+Per emulator engine (``--engine native,python`` or ``both``): ``switch_datagrams_per_s`` (worker
+datagrams into the switch per second of the median homagg round) and ``payload_in_gbps`` (the
+workers' payload bits into the switch per second).  Packet sizes: a full datagram is an IPv4
+packet of ``48 + 4 K`` bytes (IPv4 20 + UDP 8 + homagg header :data:`~homagg.wire.HEADER_LEN` 20
++ K words): K = 2238 is a 9000-byte packet (MTU 9000), K = 363 a 1500-byte one (MTU 1500),
+K = 16000 (the default) a 64048-byte one; ``frame_bytes`` adds Ethernet's 14.
+
+Where the CPU goes (to tell whether the switch or the workers' Python transport bounds a run):
+``switch_cpu_per_round_s`` is the emulator child's CPU seconds per thread (``/proc``, read by
+rank 0 around each of its homagg rounds, at the clock tick's 10 ms resolution: meaningful for
+rounds of a second or so); ``switch_data_cpu_share`` is its data thread's CPU over rank 0's round
+times (1.0: the switch's data thread saturates a core); ``worker_cpu_cores`` is the workers' CPU
+seconds (``time.process_time``, one thread each) in their homagg rounds over the rounds' time.
 """
 
 from __future__ import annotations
@@ -28,7 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._errors import ProtocolError
+from .._errors import ConfigError, ProtocolError
+from ..wire import HEADER_LEN
 
 __all__ = ["configure_parser", "run", "measure"]
 
@@ -52,7 +67,8 @@ def _worker(rank: int, cfg: dict[str, Any], barrier: Any) -> dict[str, Any]:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['gloo_port']}", rank=rank, world_size=w)
     port = UdpSwitchPort(tuple(cfg["data"]), job=JobSpec.from_dict(cfg["job"]), rank=rank,
                          control=tuple(cfg["control"]), timeout=cfg["timeout"], secret=cfg.get("secret"))
-    homagg_t, gloo_t = [], []
+    homagg_t, gloo_t, homagg_cpu = [], [], []
+    switch_cpu: list[dict[str, float]] = []  # rank 0: the emulator's CPU seconds per thread in each round
     prof = None
     if os.environ.get("HOMAGG_BENCH_PROFILE") and rank == 0:  # cProfile rank 0's homagg rounds into this file
         import cProfile
@@ -68,9 +84,14 @@ def _worker(rank: int, cfg: dict[str, Any], barrier: Any) -> dict[str, Any]:
             barrier.wait(cfg["timeout"])
             if prof is not None:
                 prof.enable()
-            t0 = time.perf_counter()
+            sw0 = _thread_cpu(cfg["switch_pid"]) if rank == 0 else {}
+            t0, c0 = time.perf_counter(), time.process_time()
             (out,) = port.combine([Stream("data", CombineOp.ADD, data)])
             homagg_t.append(time.perf_counter() - t0)
+            homagg_cpu.append(time.process_time() - c0)
+            if rank == 0:
+                sw1 = _thread_cpu(cfg["switch_pid"])
+                switch_cpu.append({k: v - sw0.get(k, 0.0) for k, v in sw1.items()})
             if prof is not None:
                 prof.disable()
             if rep == 0 and not (torch.equal(out, buf) and (rank or cfg["check"])):
@@ -83,13 +104,31 @@ def _worker(rank: int, cfg: dict[str, Any], barrier: Any) -> dict[str, Any]:
     finally:
         port.close()
         dist.destroy_process_group()
-    return {"homagg": homagg_t[1:], "gloo": gloo_t[1:], "stats": stats}
+    return {"homagg": homagg_t[1:], "gloo": gloo_t[1:], "homagg_cpu": homagg_cpu[1:], "switch_cpu": switch_cpu[1:],
+            "stats": stats}
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) per thread of process ``pid``, by thread name (``/proc``;
+    the emulator's data loop runs in the main thread, named after the executable)."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            stat = (task / "stat").read_text()
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        name = "data" if task.name == str(pid) else name  # the main thread serves the data socket
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: int = 64, repeats: int = 5,
@@ -107,6 +146,7 @@ def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: i
         cfg = {"workers": workers, "numel": numel, "repeats": repeats, "timeout": timeout, "data": list(sw.data_addr),
                "control": list(sw.control_addr), "job": job.to_dict(), "gloo_port": _free_port(), "check": True,
                "secret": sw.secret}
+        cfg["switch_pid"] = sw.process.pid if sw.process is not None else os.getpid()
         barrier = context().Barrier(workers)
         results = Workers(_worker, workers, cfg, barrier).join(timeout * (repeats + 2) * 2 + 60)
         status = ctl.status()
@@ -118,11 +158,18 @@ def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: i
     homagg_rep = [max(r["homagg"][i] for r in results) for i in range(repeats)]
     gloo_rep = [max(r["gloo"][i] for r in results) for i in range(repeats)]
     h, g = statistics.median(homagg_rep), statistics.median(gloo_rep)
+    r0 = results[0]["switch_cpu"]
+    switch_cpu = {k: round(sum(c.get(k, 0.0) for c in r0) / len(r0), 4) for k in r0[0] if any(c.get(k) for c in r0)}
+    switch_share = sum(c.get("data", 0.0) for c in r0) / sum(results[0]["homagg"])
+    worker_cpu = sum(sum(r["homagg_cpu"]) for r in results) / sum(sum(r["homagg"]) for r in results) * workers
     bits = numel * 4 * 8
     datagrams = workers * -(-numel // words_per_packet)  # into the switch per call
     return {
         "workers": workers, "numel": numel, "payload_words": words_per_packet, "slots": slots, "repeats": repeats,
         "engine": status["engine"], "frame_bytes": frame_bytes(words_per_packet),
+        "ip_packet_bytes": frame_bytes(words_per_packet) - 14,
+        "switch_cpu_per_round_s": switch_cpu, "switch_data_cpu_share": switch_share,
+        "worker_cpu_cores": worker_cpu,
         "switch_datagrams_per_s": datagrams / h, "payload_in_gbps": workers * bits / h / 1e9,
         "homagg_s": h, "gloo_s": g, "goodput_gbps": bits / h / 1e9, "gloo_goodput_gbps": bits / g / 1e9,
         "homagg_runs_s": homagg_rep, "gloo_runs_s": gloo_rep,
@@ -136,8 +183,9 @@ def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: i
 
 def frame_bytes(words_per_packet: int) -> int:
     """The Ethernet frame (without preamble and FCS) of a full datagram: 14 + IPv4 20 + UDP 8 +
-    homagg header 20 + 4 bytes per word; 2238 words: 9014 (MTU 9000), 363 words: 1514 (MTU 1500)."""
-    return 14 + 20 + 8 + 20 + 4 * words_per_packet
+    homagg header 20 + 4 bytes per word; 2238 words: 9014 (MTU 9000), 363 words: 1514 (MTU 1500),
+    16000 words: 64062 (a 64048-byte IPv4 packet)."""
+    return 14 + 20 + 8 + HEADER_LEN + 4 * words_per_packet
 
 
 def _ints(text: str) -> list[int]:
@@ -148,15 +196,27 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", default="4", help="worker processes, comma-separated list (default 4)")
     p.add_argument("--numel", default="10000000", help="int32 words per worker, comma-separated (default 10M)")
     p.add_argument("--words-per-packet", default="16000",
-                   help="K, words per packet, comma-separated (default 16000, a 64 KB datagram; 2238 fills an "
-                        "MTU-9000 frame, 363 an MTU-1500 one)")
+                   help="K, words per packet, comma-separated (default 16000: a 64048-byte IPv4 packet; 2238: "
+                        "9000 bytes, an MTU-9000 frame; 363: 1500 bytes, an MTU-1500 one)")
     p.add_argument("--engine", default="auto",
-                   help="emulator engines, comma-separated: auto, native, python (default auto: native where built)")
+                   help="emulator engines, comma-separated: auto, native, python, or both (= native,python); "
+                        "default auto: native where built")
     p.add_argument("--slots", type=int, default=64, help="window: slots of the job (default 64)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats after one warm-up; medians reported")
     p.add_argument("--drop", type=float, default=0.0, help="loss injected at the emulator")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--json", type=Path, help="write the records to this file")
+
+
+def _engines(text: str) -> list[str]:
+    """``--engine``: comma-separated engines; ``both`` is native then python."""
+    out: list[str] = []
+    for e in (x.strip() for x in text.split(",") if x.strip()):
+        for name in (("native", "python") if e == "both" else (e,)):
+            if name not in ("auto", "native", "python"):
+                raise ConfigError(f"--engine: {name!r} is none of auto, native, python, both")
+            out.append(name)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     records = []
-    for engine in [e.strip() for e in args.engine.split(",") if e.strip()]:
+    for engine in _engines(args.engine):
         for k in _ints(args.words_per_packet):
             for w in _ints(args.workers):
                 for n in _ints(args.numel):
@@ -177,16 +237,18 @@ def run(args: argparse.Namespace) -> int:
                     records.append(rec)
                     console.print(f"{rec['engine']} K={k} W={w} numel={n:,}: homagg {rec['homagg_s']:.3f}s "
                                   f"({rec['payload_in_gbps']:.2f} Gbit/s in, {rec['switch_datagrams_per_s']:,.0f} "
-                                  f"datagrams/s), gloo {rec['gloo_s']:.3f}s")
+                                  f"datagrams/s; switch data thread {rec['switch_data_cpu_share']:.0%} of a core, "
+                                  f"workers {rec['worker_cpu_cores']:.2f} cores), gloo {rec['gloo_s']:.3f}s")
     table = Table(title="homagg emulator vs gloo allreduce (int32, loopback, medians)")
     for col in ("engine", "workers", "numel", "K", "frame B", "homagg s", "gloo s", "switch dgram/s", "payload in Gbit/s",
-                "homagg Gbit/s", "gloo Gbit/s", "retx", "spurious", "load"):
+                "homagg Gbit/s", "gloo Gbit/s", "switch cpu", "worker cores", "retx", "spurious", "load"):
         table.add_column(col, justify="right")
     for r in records:
         table.add_row(r["engine"], str(r["workers"]), f"{r['numel']:,}", str(r["payload_words"]),
                       str(r["frame_bytes"]), f"{r['homagg_s']:.3f}", f"{r['gloo_s']:.3f}",
                       f"{r['switch_datagrams_per_s']:,.0f}", f"{r['payload_in_gbps']:.2f}",
                       f"{r['goodput_gbps']:.2f}", f"{r['gloo_goodput_gbps']:.2f}",
+                      f"{r['switch_data_cpu_share']:.0%}", f"{r['worker_cpu_cores']:.2f}",
                       str(r["retransmits"]), str(r["spurious_retransmits"]), f"{r['load_1min']:.1f}")
     print_table(console, table)
     if args.json:

@@ -103,6 +103,9 @@ class UdpBackend:
             engine = "native" if native.AVAILABLE and not (switch.faults.config.active or switch.allow_faults) else "python"
             if not native.AVAILABLE:
                 _say_once("the native engine was not built (no C compiler at install?): the python engine serves")
+            elif engine == "python":
+                _say_once("fault injection is configured or allowed: the python engine serves (the native engine "
+                          "injects no faults)")
         self.check_engine(switch)
         switch.engine = engine
         if engine == "native":

@@ -23,7 +23,8 @@ Where the CPU goes (to tell whether the switch or the workers' Python transport 
 ``switch_cpu_per_round_s`` is the emulator child's CPU seconds per thread (``/proc``, read by
 rank 0 around each of its homagg rounds, at the clock tick's 10 ms resolution: meaningful for
 rounds of a second or so); ``switch_data_cpu_share`` is its data thread's CPU over rank 0's round
-times (1.0: the switch's data thread saturates a core); ``worker_cpu_cores`` is the workers' CPU
+times (1.0: the switch's data thread saturates a core), ``switch_cpu_us_per_datagram`` that CPU
+per worker datagram (its inverse bounds the engine's datagrams/s on one core); ``worker_cpu_cores`` is the workers' CPU
 seconds (``time.process_time``, one thread each) in their homagg rounds over the rounds' time.
 """
 
@@ -169,6 +170,7 @@ def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: i
         "engine": status["engine"], "frame_bytes": frame_bytes(words_per_packet),
         "ip_packet_bytes": frame_bytes(words_per_packet) - 14,
         "switch_cpu_per_round_s": switch_cpu, "switch_data_cpu_share": switch_share,
+        "switch_cpu_us_per_datagram": switch_cpu.get("data", 0.0) / datagrams * 1e6,
         "worker_cpu_cores": worker_cpu,
         "switch_datagrams_per_s": datagrams / h, "payload_in_gbps": workers * bits / h / 1e9,
         "homagg_s": h, "gloo_s": g, "goodput_gbps": bits / h / 1e9, "gloo_goodput_gbps": bits / g / 1e9,

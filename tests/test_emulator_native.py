@@ -33,8 +33,8 @@ from tests.test_p4_bmv2 import jobs, worker_sequence
 
 from homagg.testing import run_on_switch
 
-pytestmark = pytest.mark.skipif(not native.AVAILABLE,
-                                reason="the native engine was not built (no C compiler at install)")
+needs_native = pytest.mark.skipif(not native.AVAILABLE,
+                                  reason="the native engine was not built (no C compiler at install)")
 
 
 Addr = tuple[str, int]
@@ -94,6 +94,7 @@ def _run(engine: str, seq: list[tuple[Addr, bytes]], specs: list[JobSpec] | None
     return results, {"counters": counters, "slots": slots}
 
 
+@needs_native
 @pytest.mark.parametrize("seed", [5, 11])
 def test_native_engine_equals_python_engine_byte_for_byte(seed: int) -> None:
     seq = worker_sequence(seed)
@@ -107,6 +108,7 @@ def test_native_engine_equals_python_engine_byte_for_byte(seed: int) -> None:
     assert c_state == py_state
 
 
+@needs_native
 def test_native_engine_equals_python_engine_with_multicast_subscribers() -> None:
     """Job 1's workers 0 and 2 and job 7's worker 1 take results from the group: one group datagram
     per completion (worker_id 0), unicasts to the rest, answers still unicast."""
@@ -159,6 +161,7 @@ def _datagrams(draw: st.DrawFn) -> list[tuple[Addr, bytes]]:
     return out
 
 
+@needs_native
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(seq=_datagrams(), subscribed=st.sampled_from([(), (0,), (1, 2)]))
 def test_native_engine_equals_python_engine_on_random_sequences(seq: list[tuple[Addr, bytes]],
@@ -171,6 +174,7 @@ def test_native_engine_equals_python_engine_on_random_sequences(seq: list[tuple[
     assert c_state == py_state
 
 
+@needs_native
 def test_native_engine_end_to_end_every_scheme_exact() -> None:
     """4 worker processes, every scheme, against a native-engine child: each result is checked
     against the in-process switch's by run_on_switch (which raises otherwise)."""
@@ -182,6 +186,7 @@ def test_native_engine_end_to_end_every_scheme_exact() -> None:
     assert len(results) == 4  # run_on_switch raised had any scheme's result not been exact
 
 
+@needs_native
 def test_native_engine_refuses_faults_and_auto_falls_back_to_python() -> None:
     with switch_emulator.start(faults=switch_emulator.FaultConfig(drop=0.01)) as sw:
         with ControlClient(sw.control_addr) as ctl:
@@ -193,3 +198,20 @@ def test_native_engine_refuses_faults_and_auto_falls_back_to_python() -> None:
             assert ctl.status()["engine"] == "native"
             with pytest.raises(ConfigError, match="disabled"):
                 ctl.set_faults(drop=0.1)
+
+
+def test_without_the_native_library_auto_serves_python_and_says_so_once(monkeypatch: pytest.MonkeyPatch,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """What an install without a C compiler does (runs whether or not the library was built)."""
+    from switch_emulator import io_udp
+
+    monkeypatch.setattr(native, "AVAILABLE", False)
+    monkeypatch.setattr(io_udp, "_said", set())
+    with pytest.raises(ConfigError, match="not built"):
+        switch_emulator.start(engine="native")
+    with caplog.at_level("WARNING", logger="homagg.switch"):
+        for _ in range(2):
+            with switch_emulator.start() as sw:
+                with ControlClient(sw.control_addr) as ctl:
+                    assert ctl.status()["engine"] == "python"
+    assert sum("native engine was not built" in r.getMessage() for r in caplog.records) == 1

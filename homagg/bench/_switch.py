@@ -24,8 +24,11 @@ Where the CPU goes (to tell whether the switch or the workers' Python transport 
 rank 0 around each of its homagg rounds, at the clock tick's 10 ms resolution: meaningful for
 rounds of a second or so); ``switch_data_cpu_share`` is its data thread's CPU over rank 0's round
 times (1.0: the switch's data thread saturates a core), ``switch_cpu_us_per_datagram`` that CPU
-per worker datagram (its inverse bounds the engine's datagrams/s on one core); ``worker_cpu_cores`` is the workers' CPU
-seconds (``time.process_time``, one thread each) in their homagg rounds over the rounds' time.
+per worker datagram (its inverse bounds the engine's datagrams/s on one core);
+``worker_cpu_cores`` is the workers' CPU seconds (``getrusage``, one thread each) in their homagg
+rounds over the rounds' time, ``worker_sys_cores`` its kernel part (``switch_data_sys_share``
+the switch's).  Loopback delivers a datagram in its sender's system call: the receiver's
+protocol work is partly charged to the sender.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import socket
 import statistics
 import time
@@ -68,7 +72,9 @@ def _worker(rank: int, cfg: dict[str, Any], barrier: Any) -> dict[str, Any]:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['gloo_port']}", rank=rank, world_size=w)
     port = UdpSwitchPort(tuple(cfg["data"]), job=JobSpec.from_dict(cfg["job"]), rank=rank,
                          control=tuple(cfg["control"]), timeout=cfg["timeout"], secret=cfg.get("secret"))
-    homagg_t, gloo_t, homagg_cpu = [], [], []
+    homagg_t: list[float] = []
+    gloo_t: list[float] = []
+    homagg_cpu: list[tuple[float, float]] = []  # (user, system) CPU seconds of each homagg round
     switch_cpu: list[dict[str, float]] = []  # rank 0: the emulator's CPU seconds per thread in each round
     prof = None
     if os.environ.get("HOMAGG_BENCH_PROFILE") and rank == 0:  # cProfile rank 0's homagg rounds into this file
@@ -86,10 +92,11 @@ def _worker(rank: int, cfg: dict[str, Any], barrier: Any) -> dict[str, Any]:
             if prof is not None:
                 prof.enable()
             sw0 = _thread_cpu(cfg["switch_pid"]) if rank == 0 else {}
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, ru0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
             (out,) = port.combine([Stream("data", CombineOp.ADD, data)])
             homagg_t.append(time.perf_counter() - t0)
-            homagg_cpu.append(time.process_time() - c0)
+            ru1 = resource.getrusage(resource.RUSAGE_SELF)
+            homagg_cpu.append((ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime))
             if rank == 0:
                 sw1 = _thread_cpu(cfg["switch_pid"])
                 switch_cpu.append({k: v - sw0.get(k, 0.0) for k, v in sw1.items()})
@@ -116,8 +123,8 @@ def _free_port() -> int:
 
 
 def _thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) per thread of process ``pid``, by thread name (``/proc``;
-    the emulator's data loop runs in the main thread, named after the executable)."""
+    """CPU seconds (user + system) per thread of process ``pid``, by thread name, and the system
+    part as ``<name>_sys`` (``/proc``; the emulator's data loop is the main thread: ``data``)."""
     out: dict[str, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
     for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -129,6 +136,7 @@ def _thread_cpu(pid: int) -> dict[str, float]:
         fields = stat[stat.rindex(")") + 2:].split()
         name = "data" if task.name == str(pid) else name  # the main thread serves the data socket
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        out[name + "_sys"] = out.get(name + "_sys", 0.0) + int(fields[12]) / tick
     return out
 
 
@@ -162,7 +170,9 @@ def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: i
     r0 = results[0]["switch_cpu"]
     switch_cpu = {k: round(sum(c.get(k, 0.0) for c in r0) / len(r0), 4) for k in r0[0] if any(c.get(k) for c in r0)}
     switch_share = sum(c.get("data", 0.0) for c in r0) / sum(results[0]["homagg"])
-    worker_cpu = sum(sum(r["homagg_cpu"]) for r in results) / sum(sum(r["homagg"]) for r in results) * workers
+    wall = sum(sum(r["homagg"]) for r in results) / workers
+    worker_user = sum(u for r in results for u, _ in r["homagg_cpu"]) / wall
+    worker_sys = sum(y for r in results for _, y in r["homagg_cpu"]) / wall
     bits = numel * 4 * 8
     datagrams = workers * -(-numel // words_per_packet)  # into the switch per call
     return {
@@ -171,7 +181,8 @@ def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: i
         "ip_packet_bytes": frame_bytes(words_per_packet) - 14,
         "switch_cpu_per_round_s": switch_cpu, "switch_data_cpu_share": switch_share,
         "switch_cpu_us_per_datagram": switch_cpu.get("data", 0.0) / datagrams * 1e6,
-        "worker_cpu_cores": worker_cpu,
+        "worker_cpu_cores": worker_user + worker_sys, "worker_sys_cores": worker_sys,
+        "switch_data_sys_share": sum(c.get("data_sys", 0.0) for c in r0) / sum(results[0]["homagg"]),
         "switch_datagrams_per_s": datagrams / h, "payload_in_gbps": workers * bits / h / 1e9,
         "homagg_s": h, "gloo_s": g, "goodput_gbps": bits / h / 1e9, "gloo_goodput_gbps": bits / g / 1e9,
         "homagg_runs_s": homagg_rep, "gloo_runs_s": gloo_rep,
@@ -240,7 +251,8 @@ def run(args: argparse.Namespace) -> int:
                     console.print(f"{rec['engine']} K={k} W={w} numel={n:,}: homagg {rec['homagg_s']:.3f}s "
                                   f"({rec['payload_in_gbps']:.2f} Gbit/s in, {rec['switch_datagrams_per_s']:,.0f} "
                                   f"datagrams/s; switch data thread {rec['switch_data_cpu_share']:.0%} of a core, "
-                                  f"workers {rec['worker_cpu_cores']:.2f} cores), gloo {rec['gloo_s']:.3f}s")
+                                  f"workers {rec['worker_cpu_cores']:.2f} cores, {rec['worker_sys_cores']:.2f} of them "
+                                  f"in the kernel), gloo {rec['gloo_s']:.3f}s")
     table = Table(title="homagg emulator vs gloo allreduce (int32, loopback, medians)")
     for col in ("engine", "workers", "numel", "K", "frame B", "homagg s", "gloo s", "switch dgram/s", "payload in Gbit/s",
                 "homagg Gbit/s", "gloo Gbit/s", "switch cpu", "worker cores", "retx", "spurious", "load"):

@@ -84,6 +84,41 @@ def test_relative_links_resolve(path: Path):
     assert not broken, f"{path.relative_to(ROOT)}: links to missing files or folders: {broken}"
 
 
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown page: lower case, punctuation dropped, spaces -> '-'."""
+    anchors = set()
+    for line in _strip_code_keep_headings(page.read_text(encoding="utf-8")).splitlines():
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            anchors.add(re.sub(r"[^\w\- ]", "", m.group(1).replace("`", "").lower()).replace(" ", "-"))
+    return anchors
+
+
+def _strip_code_keep_headings(text: str) -> str:
+    out, fence = [], False
+    for line in text.splitlines():
+        if re.match(r"^\s*(`{3,}|~{3,})", line):
+            fence = not fence
+            continue
+        if not fence:
+            out.append(line)
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("path", [README, *_pages()], ids=lambda p: str(p.relative_to(ROOT)))
+def test_anchors_resolve(path: Path):
+    """A link to a heading of a Markdown page (``page.md#anchor``, ``#anchor``) names a heading there."""
+    broken = []
+    for target in _links(path):
+        if _EXTERNAL.match(target) or "#" not in target:
+            continue
+        file_part, anchor = target.split("#", 1)
+        page = (path.parent / file_part) if file_part else path
+        if page.suffix == ".md" and page.is_file() and anchor not in _anchors(page):
+            broken.append(target)
+    assert not broken, f"{path.relative_to(ROOT)}: links to missing headings: {broken}"
+
+
 def test_setup_block_has_two_commands():
     commands = _setup_commands(README.read_text(encoding="utf-8"))
     assert len(commands) == 2, f"README set-up: expected 2 commands (.ci/run runs them), found {commands}"

@@ -9,7 +9,8 @@ without a C compiler the install still succeeds and homagg uses its numpy code i
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("homagg._native_kernels",
-                             ["homagg/_native_kernels.c", "homagg/transport/_fastpath.c"], optional=True,
+                             ["homagg/_native_kernels.c", "homagg/_dense_kernels.c",
+                              "homagg/transport/_fastpath.c"], optional=True,
                              extra_compile_args=["-O3"]),
                    Extension("switch_emulator._dataplane", ["switch_emulator/_dataplane.c"], optional=True,
                              extra_compile_args=["-O3"])])

@@ -15,6 +15,11 @@ Exactness (why the results are bit-identical to the index path):
   block is redone), where the clamp keeps every word inside ``+-(2**P - 1)``.
 * dequantise: int32 sums -> float64 (exact) -> times ``2**(E - P)`` (exact) -> one rounding to the
   output dtype, exactly as the index path.
+
+Contiguous float32 CPU tensors take the native kernels where they were built
+(``homagg/_dense_kernels.c`` via :mod:`homagg._native`): each of the three steps one pass over
+memory with no temporaries, computing the same float32 operations in the same order (bit for bit
+the torch code below, which every other tensor takes; ``tests/test_dense_kernels.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from collections.abc import Iterator
 
 import torch
 
+from . import _native
+from ._buffers import WordPool
 from ._errors import NonFiniteError
 from ._fixedpoint import EMPTY_EXPONENT, _pow2, precision_bits
 
@@ -39,16 +46,31 @@ def _parts(flat: torch.Tensor, block_size: int) -> Iterator[tuple[slice, torch.T
         yield slice(full, full + 1), flat[full * block_size:].view(1, -1)
 
 
+#: the dense words of earlier calls, written in full again once unreferenced (no page faults)
+_WORDS = WordPool()
+
+
+def _native_float32(*tensors: torch.Tensor) -> bool:
+    """Whether the native kernels serve these tensors: built, float32/int32, contiguous, on the CPU."""
+    return _native.AVAILABLE and all(t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad
+                                     and t.dtype in (torch.float32, torch.int32) for t in tensors)
+
+
 def exponents(flat: torch.Tensor, block_size: int) -> torch.Tensor:
     """int32 frexp exponent of each block's largest magnitude (EMPTY where all zero).
 
     Raises :class:`NonFiniteError` (before anything is sent) if the tensor holds NaN or +-Inf.
     """
     blocks = -(-flat.numel() // block_size)
-    peak = torch.empty(blocks, dtype=flat.dtype, device=flat.device)
-    for sl, view in _parts(flat, block_size):
-        torch.maximum(view.amax(dim=1), view.amin(dim=1).neg_(), out=peak[sl])  # max |x|; NaN propagates
-    if blocks and not bool(torch.isfinite(peak).all()):
+    if flat.dtype == torch.float32 and _native_float32(flat):
+        peaks, bad = _native.block_peaks32(flat.numpy(), block_size)
+        peak = torch.from_numpy(peaks)
+    else:
+        peak = torch.empty(blocks, dtype=flat.dtype, device=flat.device)
+        for sl, view in _parts(flat, block_size):
+            torch.maximum(view.amax(dim=1), view.amin(dim=1).neg_(), out=peak[sl])  # max |x|; NaN propagates
+        bad = blocks > 0 and not bool(torch.isfinite(peak).all())
+    if bad:
         bad = int((~torch.isfinite(flat)).sum())
         raise NonFiniteError(f"input holds {bad} non-finite value(s); nothing was sent")
     e = torch.frexp(peak.to(torch.float64)).exponent.to(torch.int32)
@@ -63,6 +85,14 @@ def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size
     p = precision_bits(world_size)
     limit = float(2**p - 1) if work == torch.float64 or p <= 24 else float(2**p - 2 ** (p - 24))
     if mask is None:
+        if flat.dtype == torch.float32 and _native_float32(flat):
+            out = torch.from_numpy(_WORDS.take(flat.numel()))
+            shift = torch.where(exps == EMPTY_EXPONENT, torch.zeros_like(exps), p - exps).to(torch.int64)
+            first = shift.clamp(lo, hi)
+            rest = shift - first
+            f2 = _pow2(rest.clamp(lo, hi), work).numpy() if bool((rest != 0).any()) else None
+            _native.quantize32(flat.numpy(), block_size, _pow2(first, work).numpy(), f2, limit, out.numpy())
+            return out
         out = torch.empty(flat.numel(), dtype=torch.int32, device=flat.device)
     else:
         per_block = torch.full((exps.numel(),), block_size, dtype=torch.int64, device=flat.device)
@@ -97,6 +127,9 @@ def dequantize_into(out: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, w
     e = exps.to(torch.int64)
     shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - p)
     fast = out.dtype == torch.float32 and (shift.numel() == 0 or -126 <= int(shift.min()) <= int(shift.max()) <= 127)
+    if fast and _native_float32(out, sums) and sums.dtype == torch.int32:
+        _native.dequantize32(sums.numpy(), block_size, _pow2(shift, torch.float32).numpy(), out.numpy())
+        return
     for (sl, dst), (_, src) in zip(_parts(out, block_size), _parts(sums, block_size), strict=True):
         if fast:
             dst.copy_(src)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "pack32", "set_bits32", "bit_ranks32", "gather32", "decode_into32"]
+__all__ = ["AVAILABLE", "pack32", "set_bits32", "bit_ranks32", "gather32", "decode_into32", "block_peaks32",
+           "quantize32", "dequantize32"]
 
 
 def _load() -> ctypes.CDLL | None:
@@ -41,6 +42,12 @@ def _load() -> ctypes.CDLL | None:
             lib.homagg_bit_ranks32.restype = i64
             lib.homagg_gather32.argtypes = [ptr, ptr, i64, ptr]
             lib.homagg_gather32.restype = None
+            lib.homagg_block_peaks32.argtypes = [ptr, i64, i64, ptr]
+            lib.homagg_block_peaks32.restype = i64
+            lib.homagg_quantize32.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr]
+            lib.homagg_quantize32.restype = None
+            lib.homagg_dequantize32.argtypes = [ptr, i64, i64, ptr, ptr]
+            lib.homagg_dequantize32.restype = None
             return lib
     return None
 
@@ -111,3 +118,45 @@ def decode_into32(out: np.ndarray, pos: np.ndarray, sums: np.ndarray, factor: np
     if pos.size and _LIB.homagg_decode_into32(out.ctypes.data, out.size, pos.ctypes.data, sums.ctypes.data, pos.size,
                                               factor.ctypes.data, factor.size, shift):
         raise IndexError(f"a position is outside [0, {out.size}) or its block outside the {factor.size} factors")
+
+
+def _blocks_of(n: int, block_size: int, per_block: np.ndarray, name: str) -> None:
+    if block_size < 1 or per_block.size != -(-n // block_size):
+        raise ValueError(f"{name}: {per_block.size} per-block values for {n} elements in blocks of {block_size}")
+
+
+def block_peaks32(x: np.ndarray, block_size: int) -> tuple[np.ndarray, bool]:
+    """(per block of contiguous float32 ``x``, its largest magnitude as a float32 (``-0.0`` counts
+    as 0), whether some element is NaN or +-Inf) -- one pass."""
+    assert _LIB is not None and x.dtype == np.float32 and x.flags.c_contiguous and block_size >= 1
+    peak = np.empty(-(-x.size // block_size), dtype=np.uint32)
+    bad = _LIB.homagg_block_peaks32(x.ctypes.data, x.size, block_size, peak.ctypes.data) if x.size else 0
+    return peak.view(np.float32), bool(bad)
+
+
+def quantize32(x: np.ndarray, block_size: int, f1: np.ndarray, f2: np.ndarray | None, limit: float,
+               out: np.ndarray) -> None:
+    """``out = clamp(round_half_even(x * f1[block] (* f2[block])), -limit, limit)`` as int32, the
+    products in float32 (contiguous float32 ``x`` and per-block float32 factors; ``limit`` must be
+    a float32 integer below 2**31)."""
+    assert _LIB is not None and x.dtype == np.float32 and x.flags.c_contiguous
+    assert out.dtype == np.int32 and out.flags.c_contiguous and out.size == x.size
+    f1 = np.ascontiguousarray(f1, dtype=np.float32)
+    _blocks_of(x.size, block_size, f1, "quantize32")
+    if f2 is not None:
+        f2 = np.ascontiguousarray(f2, dtype=np.float32)
+        _blocks_of(x.size, block_size, f2, "quantize32")
+    if x.size:
+        _LIB.homagg_quantize32(x.ctypes.data, x.size, block_size, f1.ctypes.data,
+                               None if f2 is None else f2.ctypes.data, limit, out.ctypes.data)
+
+
+def dequantize32(sums: np.ndarray, block_size: int, factor: np.ndarray, out: np.ndarray) -> None:
+    """``out = sums.astype(float32) * factor[block]`` for contiguous int32 ``sums``, float32
+    ``out`` and one float32 factor per block."""
+    assert _LIB is not None and sums.dtype == np.int32 and sums.flags.c_contiguous
+    assert out.dtype == np.float32 and out.flags.c_contiguous and out.size == sums.size
+    factor = np.ascontiguousarray(factor, dtype=np.float32)
+    _blocks_of(sums.size, block_size, factor, "dequantize32")
+    if sums.size:
+        _LIB.homagg_dequantize32(sums.ctypes.data, sums.size, block_size, factor.ctypes.data, out.ctypes.data)

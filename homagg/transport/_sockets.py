@@ -28,7 +28,6 @@ import ipaddress
 import os
 import select
 import socket
-import sys
 import time
 from typing import Any
 
@@ -37,7 +36,7 @@ import numpy as np
 from .._errors import ConfigError
 from ._errmap import transport_error
 
-__all__ = ["BUFFER_BYTES", "PROBE_PREFIX", "set_buffers", "spare_int32", "send_datagram", "multicast_group", "enable_multicast_send", "join_group",
+__all__ = ["BUFFER_BYTES", "PROBE_PREFIX", "set_buffers", "send_datagram", "multicast_group", "enable_multicast_send", "join_group",
            "join_results_group"]
 
 BUFFER_BYTES = 32 << 20
@@ -143,19 +142,6 @@ def _await_probe(sock: socket.socket, expected: bytes, wait_s: float) -> bool:
             continue
         if bytes(buf[:n]) == expected:
             return True
-
-
-def spare_int32(spare: list[np.ndarray], n: int) -> np.ndarray:
-    """An int32 array of ``n`` words for a round's results: one of ``spare`` (arrays of earlier
-    rounds) that nobody references any more, taken out of the list, else a new one."""
-    for k in range(len(spare)):
-        arr = spare[k]
-        # references: the spare list, ``arr`` and getrefcount's argument; a live tensor, view or
-        # array made from it would add one (torch.from_numpy holds the array)
-        if arr.size == n and sys.getrefcount(arr) <= 3:
-            del spare[k]
-            return arr
-    return np.empty(n, dtype=np.int32)
 
 
 def send_datagram(sock: socket.socket, send: Any, dgram: memoryview, stats: dict[str, int], what: Any) -> None:

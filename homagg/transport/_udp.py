@@ -70,7 +70,8 @@ from ._control import ControlClient, parse_addr
 from . import _fastpath as fastpath
 from ._datapath import PyDatapath, Round
 from ._fastpath import NativeDatapath
-from ._sockets import join_results_group, send_datagram, set_buffers, spare_int32
+from .._buffers import spare_int32
+from ._sockets import join_results_group, send_datagram, set_buffers
 from ._liveness import Liveness
 from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
 from ._stall import stall_error

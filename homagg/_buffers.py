@@ -1,0 +1,58 @@
+"""Large int32 word arrays reused across calls instead of allocated afresh.
+
+A fresh tensor-sized array costs page faults on first touch: on the 2-core VM of
+docs/benchmarks.md, allocating and filling 100 MB (25M int32 words) takes ~145 ms, against ~30 ms
+to copy 100 MB between touched pages.  The codec's dense words (:mod:`homagg._blocks`) and the
+transport's round results (:mod:`homagg.transport._udp`) are written in full every call, so an
+array of an earlier call that nobody references any more serves as well as a new one.
+
+Invariant: an array is handed out again only when no tensor, view or array made from it is
+alive (its reference count says so), so reuse never changes a value anyone can still see.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+
+__all__ = ["spare_int32", "WordPool"]
+
+
+def spare_int32(spare: list[np.ndarray], n: int) -> np.ndarray:
+    """An int32 array of ``n`` words: one of ``spare`` (arrays of earlier rounds) that nobody
+    references any more, taken out of the list, else a new one."""
+    for k in range(len(spare)):
+        arr = spare[k]
+        # references: the spare list, ``arr`` and getrefcount's argument; a live tensor, view or
+        # array made from it would add one (torch.from_numpy holds the array)
+        if arr.size == n and sys.getrefcount(arr) <= 3:
+            del spare[k]
+            return arr
+    return np.empty(n, dtype=np.int32)
+
+
+class WordPool:
+    """At most ``keep`` int32 arrays handed out earlier, reused once unreferenced (thread-safe).
+
+    ``take(n)`` returns an uninitialised array of ``n`` words (the caller writes every word); the
+    pool keeps a reference and hands it out again once every other reference is gone.  Arrays
+    beyond ``keep`` are dropped oldest first (memory held: at most ``keep`` arrays)."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self._arrays: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> np.ndarray:
+        with self._lock:
+            arr = spare_int32(self._arrays, n)
+            self._arrays.append(arr)
+            if len(self._arrays) > self.keep:
+                del self._arrays[0]
+            return arr
+
+    def clear(self) -> None:
+        with self._lock:
+            self._arrays.clear()

@@ -1,0 +1,72 @@
+/* homagg's dense fixed-point kernels: the three whole-tensor passes of a dense float32 call, each
+ * one pass over memory with no temporaries (homagg/_blocks.py's torch code makes 2-6 passes and
+ * allocates a tensor-sized temporary per step, which on a VM mostly costs page faults).
+ *
+ *   homagg_block_peaks32  per block of bs elements, the bits of its largest |x|: an IEEE float's
+ *                         magnitude orders as its bits do, so max(bits & 0x7FFFFFFF) is max |x|,
+ *                         and a NaN or Inf shows as a peak >= 0x7F800000 (returned as 1).
+ *   homagg_quantize32     out[i] = (int32)clamp(nearbyintf(x[i] * f1[b] (* f2[b])), -limit, limit)
+ *                         with b = i / bs: the float32 grid words of _blocks.quantize, the same
+ *                         float32 multiplications in the same order, round-half-even, the same clamp.
+ *   homagg_dequantize32   out[i] = (float)sums[i] * factor[b]: int32 -> float32 rounds once (to
+ *                         nearest even, as torch's copy_), the power-of-two factor is exact.
+ *
+ * Plain C, loaded with ctypes by homagg/_native.py and compiled into the same library as
+ * homagg/_native_kernels.c (setup.py).  Every loop is written once and compiled twice
+ * (target_clones: AVX2, SSE4.1 and baseline x86-64, picked at load); no -ffast-math anywhere, so the
+ * vectorised loops compute the IEEE operations the scalar ones do.  tests/test_dense_kernels.py
+ * checks each kernel bit for bit against the torch code.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HOMAGG_CLONES __attribute__((target_clones("avx2", "sse4.1", "default")))
+#else
+#define HOMAGG_CLONES
+#endif
+
+HOMAGG_CLONES int64_t homagg_block_peaks32(const uint32_t *x, int64_t n, int64_t bs, uint32_t *peak) {
+    uint32_t worst = 0;
+    for (int64_t b = 0, i0 = 0; i0 < n; b++, i0 += bs) {
+        const int64_t end = i0 + bs < n ? i0 + bs : n;
+        uint32_t m = 0;
+        for (int64_t i = i0; i < end; i++) {
+            const uint32_t v = x[i] & 0x7FFFFFFFu;
+            m = v > m ? v : m;
+        }
+        peak[b] = m;
+        worst = m > worst ? m : worst;
+    }
+    return worst >= 0x7F800000u;
+}
+
+static inline float clamp_limit(float v, float limit) {
+    v = v < -limit ? -limit : v;
+    return v > limit ? limit : v;
+}
+
+HOMAGG_CLONES void homagg_quantize32(const float *x, int64_t n, int64_t bs, const float *f1, const float *f2,
+                                     float limit, int32_t *out) {
+    for (int64_t b = 0, i0 = 0; i0 < n; b++, i0 += bs) {
+        const int64_t end = i0 + bs < n ? i0 + bs : n;
+        const float a = f1[b];
+        if (f2) {
+            const float c = f2[b];
+            for (int64_t i = i0; i < end; i++)
+                out[i] = (int32_t)clamp_limit(nearbyintf((x[i] * a) * c), limit);
+        } else {
+            for (int64_t i = i0; i < end; i++)
+                out[i] = (int32_t)clamp_limit(nearbyintf(x[i] * a), limit);
+        }
+    }
+}
+
+HOMAGG_CLONES void homagg_dequantize32(const int32_t *sums, int64_t n, int64_t bs, const float *factor, float *out) {
+    for (int64_t b = 0, i0 = 0; i0 < n; b++, i0 += bs) {
+        const int64_t end = i0 + bs < n ? i0 + bs : n;
+        const float f = factor[b];
+        for (int64_t i = i0; i < end; i++)
+            out[i] = (float)sums[i] * f;
+    }
+}

@@ -50,7 +50,8 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "backend": (str,), "scheme": (str, type(None)), "numel": (int,), "density": (float,), "world": (int,),
     "median_s": (float,), "rounds_per_allreduce": (float, type(None)),
     "segments_per_allreduce": (float, type(None)), "bytes_per_worker": (float,),
-    "speedup_vs_gloo": (float, type(None)), "retransmits": (float, type(None)), "exact": (bool,),
+    "speedup_vs_gloo": (float, type(None)), "retransmits": (float, type(None)),
+    "fast_retransmits": (float, type(None)), "spurious_retransmits": (float, type(None)), "exact": (bool,),
     "max_abs_err": (float,), "times_s": (list,), "repeats": (int,), "load_avg": (list,), "machine": (dict,),
     "codec": (dict,),
 }
@@ -179,6 +180,8 @@ def _merge(backend: str, scheme: str | None, world: int, lines: list[dict[str, A
             "rounds_per_allreduce": rounds, "segments_per_allreduce": segments,
             "bytes_per_worker": float(bytes_per if bytes_per is not None else -1.0),
             "speedup_vs_gloo": None, "retransmits": per_call("retransmits", sum) if homagg else None,
+            "fast_retransmits": per_call("fast_retransmits", sum) if homagg else None,
+            "spurious_retransmits": per_call("spurious_retransmits", sum) if homagg else None,
             "exact": bool(same and first["within_bound"]), "max_abs_err": float(first["max_abs_err"]),
             "times_s": slowest, "repeats": calls, "load_avg": [round(v, 2) for v in first["load_avg"]],
             "machine": machine}

@@ -96,16 +96,19 @@ def check_result(result: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor,
     return ok, float(err.max()) if err.numel() else 0.0
 
 
-def _counters(pg: Any) -> tuple[int, int, int | None, int] | None:
-    """(rounds, bytes sent, retransmits or None, pipelined segments) of a homagg group so far;
-    None for other backends."""
+#: the switch port's retransmission counters a record reports (per call, summed over the ranks)
+RETX_KEYS = ("retransmits", "fast_retransmits", "spurious_retransmits")
+
+
+def _counters(pg: Any) -> tuple[int, int, dict[str, int] | None, int] | None:
+    """(rounds, bytes sent, the port's :data:`RETX_KEYS` counters or None, pipelined segments) of a
+    homagg group so far; None for other backends."""
     stats = getattr(pg, "stats", None)
     if stats is None:
         return None
     port_stats = getattr(pg.switch.port, "stats", None)
-    retrans = port_stats.get("retransmits") if isinstance(port_stats, dict) else None
-    return (int(stats.rounds), int(stats.bytes_sent), None if retrans is None else int(retrans),
-            int(stats.segments))
+    retrans = {k: int(port_stats.get(k, 0)) for k in RETX_KEYS} if isinstance(port_stats, dict) else None
+    return int(stats.rounds), int(stats.bytes_sent), retrans, int(stats.segments)
 
 
 def sparse_allgather_bytes(nnz: int, world: int, ndim: int = 1, elem_size: int = 4) -> int:
@@ -166,13 +169,14 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
         print(f"call {call} of {repeats} done ({numel} elements, density {density})", flush=True)
     after = _counters(pg)
     out: dict[str, Any] = {"numel": numel, "density": density, "times": times, "digests": digests,
-                           "load_avg": list(load), "rounds": None, "bytes": None, "retransmits": None,
-                           "segments": None}
+                           "load_avg": list(load), "rounds": None, "bytes": None, "segments": None,
+                           **dict.fromkeys(RETX_KEYS)}
     if sparse:
         out["bytes"] = repeats * sparse_allgather_bytes(int(x._nnz()), world)
     if before is not None and after is not None:
         out.update(rounds=after[0] - before[0], bytes=after[1] - before[1], segments=after[3] - before[3],
-                   retransmits=None if after[2] is None or before[2] is None else after[2] - before[2])
+                   **{k: None if after[2] is None or before[2] is None else after[2][k] - before[2][k]
+                      for k in RETX_KEYS})
     if rank == 0:
         out.update(within_bound=ok, max_abs_err=max_err)
     return out

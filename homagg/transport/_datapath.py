@@ -4,8 +4,8 @@
 and calls a datapath once per batch:
 
 * ``send(ids)``: build chunk ``c``'s datagram for every ``c`` in ``ids`` into its slot's buffer
-  (``s = (seq0 + c) % n_slots``) and send it; returns how many went out (the rest found the socket
-  buffer full: lost, the timers resend them);
+  (``s = (seq0 + c) % n_slots``) and send it; returns how many went out, a prefix of ``ids`` (the
+  rest found the socket's send buffer full: the protocol sends them again once it has room);
 * ``recv(fd, recv_into, events, late)``: drain one socket; every result that matches the chunk
   outstanding in its slot (``cur[s]``: tag, bank, offset, word count) has its words copied into the
   round's output, ``completed[c] = 1``, ``cur[s] = -1`` and ``c`` appended to ``events``; a valid

@@ -30,7 +30,8 @@ switch had counted the first copy and answered the retransmission too; a retrans
 drops as ``duplicate`` before completion is counted only by the switch), ``results``, ``ignored``
 (datagrams that are no result of this job), ``group_probes`` (other workers' probes of the result
 group, received while they joined), ``rounds``, ``rtt_samples``, ``rto_backoffs``, ``srtt_us``, ``rto_us`` (current estimator state),
-``cwnd``, ``window_cuts``, ``window_undos`` (the congestion window's state).
+``cwnd``, ``window_cuts``, ``window_undos`` (the congestion window's state), ``send_stalls`` (sends that found
+the socket's send buffer full: the rest of that batch waited for room, nothing was lost).
 
 Output arrays are recycled: the port keeps the result arrays of its last two rounds and reuses one
 for a stream of the same length once nothing else references it any more (no tensor, view or
@@ -141,7 +142,10 @@ class UdpSwitchPort(SwitchPort):
         self._ctl = ControlClient(control, timeout=min(timeout, 10.0), secret=secret) if control is not None else None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.msock: socket.socket | None = None  # the result group's socket, when subscribed
-        set_buffers(self.sock, send=False)
+        # the send buffer (32 MB) holds a whole window of datagrams: the window, not the buffer,
+        # limits what is in flight; should it fill all the same (a shaped link's queue), sending
+        # waits for room instead of losing datagrams
+        set_buffers(self.sock)
         if bind is not None:
             self.sock.bind(bind)
         self.sock.connect(self.switch_addr)  # picks the local address; only the switch's datagrams arrive
@@ -218,11 +222,13 @@ class UdpSwitchPort(SwitchPort):
             stats["retransmits"] += 1
             deadline[s] = now + min(self.max_rto, est.rto * (2 ** (tries[s] - 1)))
 
-        def fill(now: float) -> None:  # send new chunks while the window allows
+        def fill(now: float) -> bool:
+            """Send new chunks while the window allows; True when the socket's send buffer had no
+            room for all of them (the rest go when it is writable again: backpressure, not loss)."""
             nonlocal nsent
             lim = min(total, low + win.size)
             if nsent >= lim:
-                return
+                return False
             ids = list(range(nsent, lim))
             rto = now + est.rto
             for c in ids:
@@ -231,12 +237,17 @@ class UdpSwitchPort(SwitchPort):
                 tries[sl] = 0
                 sent_at[sl] = now
                 deadline[sl] = rto
-            dp.send(ids)  # a part the socket buffer had no room for is lost: the timers resend it
-            nsent = lim
-            stats["packets"] += len(ids)
+            went = dp.send(ids)
+            for c in ids[went:]:  # not sent: their slots stay free until the buffer drains
+                cur[(seq0 + c) % nslot] = -1
+            nsent += went
+            stats["packets"] += went
+            if went < len(ids):
+                stats["send_stalls"] = stats.get("send_stalls", 0) + 1
+            return went < len(ids)
 
         now = time.monotonic()
-        fill(now)
+        backlog = fill(now)
         done = 0
         last_progress = now
         next_scan = now + est.rto
@@ -285,7 +296,9 @@ class UdpSwitchPort(SwitchPort):
                 done += got
                 stats["results"] += got
                 events.clear()
-                fill(t)
+                backlog = fill(t)
+            elif backlog:
+                backlog = fill(time.monotonic())
             now = time.monotonic()
             if got:
                 last_progress = now
@@ -316,7 +329,8 @@ class UdpSwitchPort(SwitchPort):
                 if expired or self._liveness.control is not None:
                     next_scan = min(next_scan, now + self._liveness.interval_s)
             if not got:
-                select.select(socks, [], [], max(0.0, min(next_scan, last_progress + self.timeout) - now) + 1e-4)
+                select.select(socks, [self.sock] if backlog else [], [],
+                              max(0.0, min(next_scan, last_progress + self.timeout) - now) + 1e-4)
         self._seq = seq0 + total
         self._count(rnd)
 

@@ -73,6 +73,7 @@ __all__ = [
     "HEADER_LEN",
     "P4_WORDS",
     "MAX_WORDS_JUMBO",
+    "words_for_mtu",
     "MAX_WORKERS",
     "MAX_SLOTS",
     "HOMAGG_UDP_PORT",
@@ -208,6 +209,13 @@ def set_worker_id(buf: bytearray | memoryview, worker_id: int, pos: int = 0) -> 
 def datagram_len(word_count: int) -> int:
     """Bytes of a datagram carrying ``word_count`` payload words."""
     return HEADER_LEN + 4 * word_count
+
+
+def words_for_mtu(mtu: int) -> int:
+    """Payload words of the largest homagg datagram one IPv4 packet of ``mtu`` bytes carries
+    (IP 20 + UDP 8 + header + 4K <= mtu; at most MAX_WORDS_JUMBO): 363 at 1500, 2238 at 9000,
+    16000 on loopback (65536)."""
+    return max(1, min(MAX_WORDS_JUMBO, (mtu - 20 - 8 - HEADER_LEN) // 4))
 
 
 def pack_header(h: Header) -> bytes:

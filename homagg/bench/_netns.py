@@ -39,7 +39,7 @@ from typing import Any
 
 from .._errors import ConfigError, HomAggError
 from ..transport._auth import SECRET_ENV, SECRET_FILE_ENV, new_secret
-from ..wire import HEADER_LEN, MAX_WORDS_JUMBO
+from ..wire import words_for_mtu
 from ._ranks import launch_ranks
 
 __all__ = ["StarNet", "SWITCH_IP", "MTU", "REPLICATIONS", "require_root", "words_per_packet"]
@@ -53,9 +53,9 @@ MAX_MTU = 65535  #: veth's largest MTU
 
 
 def words_per_packet(mtu: int) -> int:
-    """Payload words of one homagg datagram filling one ``mtu``-byte IP packet (IP + UDP + homagg
-    headers: no fragments), at most the emulator's ``MAX_WORDS_JUMBO``."""
-    return min(MAX_WORDS_JUMBO, (mtu - 20 - 8 - HEADER_LEN) // 4)
+    """Payload words of one homagg datagram filling one ``mtu``-byte IP packet
+    (:func:`homagg.wire.words_for_mtu`)."""
+    return words_for_mtu(mtu)
 
 
 WORDS_PER_PACKET = words_per_packet(MTU)  #: one homagg datagram per jumbo frame

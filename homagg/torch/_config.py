@@ -21,11 +21,15 @@ group is created; an invalid value raises :class:`~homagg.ConfigError` naming th
 ``emulator_host``   ``HOMAGG_EMULATOR_HOST``      address the embedded emulator binds to and
                                                   publishes (default: the rendezvous host if it
                                                   is local, else 127.0.0.1)
-``words_per_packet`` ``HOMAGG_WORDS_PER_PACKET``  payload words per datagram (default: 16000 for
-                                                  the embedded emulator, 32 for external ones:
+``words_per_packet`` ``HOMAGG_WORDS_PER_PACKET``  payload words per datagram (default: for the
+                                                  embedded emulator one frame of the link it is
+                                                  bound on -- 16000 on loopback, 2238 at MTU 9000,
+                                                  363 at 1500; 32 for external switches:
                                                   :data:`homagg.jobs.EMULATOR` / :data:`~homagg.jobs.P4`)
 ``slots``           ``HOMAGG_SLOTS``              switch slots of the group's job = send window
-                                                  in packets (default: 16 embedded, 64 external)
+                                                  in packets (default: embedded 16 at 16000 words,
+                                                  more for smaller frames, the same bytes in
+                                                  flight, at most 1024; 64 external)
 ``compress``        ``HOMAGG_COMPRESS``           gradient compression in front of the codec
                                                   (default: none, exact), a spec such as
                                                   ``topk:0.01``, ``dgc:0.001``, ``onebit``,

@@ -38,12 +38,30 @@ from .._errors import ConfigError, TransportError
 from ._config import BackendConfig
 from ._link import SwitchLink
 
-__all__ = ["open_udp", "emulator_host"]
+__all__ = ["open_udp", "emulator_host", "embedded_packet_shape"]
 
 _CLOSE_WAIT_S = 10.0
 _START_TIMEOUT_S = 60.0
 _emulators: dict[str, list[Any]] = {}  # host -> [RunningSwitch, users]; one emulator per process
 _emulators_lock = threading.Lock()
+
+
+def embedded_packet_shape(host: str, words: int | None, slots: int | None) -> tuple[int, int]:
+    """(words per packet, slots) of a job on an embedded emulator bound to ``host``: by default
+    datagrams fill one frame of the link that reaches it (:func:`~homagg.transport._sockets.link_mtu`:
+    16000 words on loopback, 2238 at MTU 9000, 363 at 1500: never an IP fragment), and the slot
+    window keeps as many bytes in flight as 16 slots of 16000 words do (up to 1024 slots)."""
+    from ..jobs import EMULATOR
+    from ..transport._sockets import link_mtu
+    from ..wire import words_for_mtu
+
+    if words is None:
+        mtu = link_mtu(host)
+        words = EMULATOR.words_per_packet if mtu is None else words_for_mtu(mtu)
+    if slots is None:
+        full = EMULATOR.n_slots * EMULATOR.words_per_packet
+        slots = min(1024, max(EMULATOR.n_slots, -(-full // words)))
+    return words, slots
 
 
 def _acquire_emulator(host: str) -> Any:
@@ -123,7 +141,7 @@ def open_udp(
     store_get: Callable[[dist.Store, str, float, str], bytes],
     key: str,
 ) -> SwitchLink:
-    from ..jobs import EMULATOR, P4, JobSpec
+    from ..jobs import P4, JobSpec
     from ..transport import ControlClient, UdpSwitchPort
 
     emulator = None
@@ -133,8 +151,7 @@ def open_udp(
             host = emulator_host(config, store)
             emulator = _acquire_emulator(host)
             data_addr, ctl_addr = tuple(emulator.data_addr), tuple(emulator.control_addr)
-            words = config.words_per_packet or EMULATOR.words_per_packet
-            slots = config.slots or EMULATOR.n_slots
+            words, slots = embedded_packet_shape(data_addr[0], config.words_per_packet, config.slots)
         else:
             data_addr, ctl_addr = config.external_address, config.control_address  # type: ignore[assignment]
             words = config.words_per_packet or P4.words_per_packet

@@ -24,10 +24,12 @@ closed what it opened; buffer enlargement is best effort (``*BUFFORCE`` needs CA
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import os
 import select
 import socket
+import struct
 import time
 from typing import Any
 
@@ -36,7 +38,7 @@ import numpy as np
 from .._errors import ConfigError
 from ._errmap import transport_error
 
-__all__ = ["BUFFER_BYTES", "PROBE_PREFIX", "set_buffers", "send_datagram", "multicast_group", "enable_multicast_send", "join_group",
+__all__ = ["BUFFER_BYTES", "PROBE_PREFIX", "set_buffers", "link_mtu", "send_datagram", "multicast_group", "enable_multicast_send", "join_group",
            "join_results_group"]
 
 BUFFER_BYTES = 32 << 20
@@ -142,6 +144,37 @@ def _await_probe(sock: socket.socket, expected: bytes, wait_s: float) -> bool:
             continue
         if bytes(buf[:n]) == expected:
             return True
+
+
+def link_mtu(ip: str) -> int | None:
+    """MTU of the link a switch bound to ``ip`` is reached over: the interface holding ``ip`` (its
+    MTU is what every worker's frames to it must fit), else the route's MTU to ``ip`` (Linux
+    ``IP_MTU`` of a connected UDP socket: nothing is sent); None where neither can be read."""
+    try:
+        packed = socket.inet_aton(ip)
+    except OSError:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            names = [name for _, name in socket.if_nameindex()]
+        except OSError:
+            names = []
+        for name in names:
+            req = struct.pack("16s16x", name.encode()[:15])
+            try:
+                addr = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)[20:24]
+                if addr == packed:
+                    return int(struct.unpack("16si12x", fcntl.ioctl(s.fileno(), _SIOCGIFMTU, req))[1])
+            except OSError:
+                continue
+        try:
+            s.connect((ip, 9))
+            return int(s.getsockopt(socket.IPPROTO_IP, getattr(socket, "IP_MTU", 14)))
+        except OSError:
+            return None
+
+
+_SIOCGIFADDR, _SIOCGIFMTU = 0x8915, 0x8921  #: Linux ioctls: an interface's IPv4 address, its MTU
 
 
 def send_datagram(sock: socket.socket, send: Any, dgram: memoryview, stats: dict[str, int], what: Any) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 
-from ._config import SCHEMES, CodecConfig
+from .codec._config import SCHEMES, CodecConfig
 from ._errors import (
     AuthenticationError,
     ConfigError,
@@ -45,9 +45,9 @@ __version__ = "0.1.0"
 
 #: public name -> module that defines it (imported on first access)
 _LAZY = {
-    "allreduce": "._protocol",
-    "History": "._history",
-    "WorkerStats": "._stats",
+    "allreduce": ".codec._protocol",
+    "History": ".codec._history",
+    "WorkerStats": ".codec._stats",
     "CombineOp": ".wire",
     "Stream": ".transport",
     "SwitchPort": ".transport",

@@ -2,7 +2,7 @@
 
 A fresh tensor-sized array costs page faults on first touch: on the 2-core VM of
 docs/benchmarks.md, allocating and filling 100 MB (25M int32 words) takes ~145 ms, against ~30 ms
-to copy 100 MB between touched pages.  The codec's dense words (:mod:`homagg._blocks`) and the
+to copy 100 MB between touched pages.  The codec's dense words (:mod:`homagg.codec._blocks`) and the
 transport's round results (:mod:`homagg.transport._udp`) are written in full every call, so an
 array of an earlier call that nobody references any more serves as well as a new one.
 

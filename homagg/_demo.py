@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._config import SCHEMES
+from .codec._config import SCHEMES
 from ._errors import ConfigError
 from .testing import UdpJobConfig, gradients, run_udp_job, verify_udp_results
 from .wire import P4_WORDS

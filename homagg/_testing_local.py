@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import torch
 
 from ._errors import InputError
-from ._protocol import allreduce
-from ._stats import WorkerStats
+from .codec._protocol import allreduce
+from .codec._stats import WorkerStats
 from ._testing_oracle import ResultMismatchError
 from .transport import InProcessSwitch, Stream, SwitchPort, combine_words
 from .wire import CombineOp

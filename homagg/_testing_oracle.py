@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from ._errors import HomAggError
-from ._fixedpoint import precision_bits
+from .codec._fixedpoint import precision_bits
 
 __all__ = [
     "HarnessError",

@@ -62,7 +62,7 @@ def udp_worker(rank: int, cfg: UdpJobConfig, barrier: Any = None, progress: Any 
     ``results`` (numpy arrays) only on rank 0 unless ``cfg["return_all"]``.  ``barrier`` (shared by
     the ranks) starts every scheme together; ``progress`` (a queue) receives ``(rank, scheme)``.
     """
-    from . import WorkerStats, allreduce
+    from .codec import WorkerStats, allreduce
     from .jobs import JobSpec
     from .transport import UdpSwitchPort
 

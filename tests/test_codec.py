@@ -201,7 +201,7 @@ def test_bitmap_levels_follow_the_cost_model() -> None:
     """Two levels where the union leaves most bitmap words empty and the saving outweighs a round;
     one level at higher density, for small tensors, and when no union size is known yet."""
     from homagg import CodecConfig
-    from homagg._schemes import bitmap_levels
+    from homagg.codec._schemes import bitmap_levels
 
     cfg = CodecConfig()
     assert bitmap_levels(4 << 20, 0.02 * (4 << 20), cfg) == 2

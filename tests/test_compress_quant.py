@@ -10,8 +10,8 @@ import torch
 
 import homagg
 import switch_emulator
-from homagg._blocks import exponents as codec_exponents
-from homagg._fixedpoint import EMPTY_EXPONENT
+from homagg.codec._blocks import exponents as codec_exponents
+from homagg.codec._fixedpoint import EMPTY_EXPONENT
 from homagg.compress import QSGD, Compressor, OneBit, TernGrad, TwoBit, lane_bits, pack, scale_codes, scales, unpack
 from homagg.compress._base import generator
 from homagg.testing import on_threads

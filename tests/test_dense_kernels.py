@@ -1,5 +1,5 @@
-"""The native dense fixed-point kernels (``homagg/_dense_kernels.c``) against the torch code of
-:mod:`homagg._blocks` and the index path of :mod:`homagg._fixedpoint`, bit for bit; the word pool
+"""The native dense fixed-point kernels (``homagg/codec/_dense_kernels.c``) against the torch code of
+:mod:`homagg.codec._blocks` and the index path of :mod:`homagg.codec._fixedpoint`, bit for bit; the word pool
 that spares them page faults hands out only arrays nobody references."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from homagg import NonFiniteError, _blocks, _fixedpoint, _native
+from homagg import NonFiniteError
+from homagg.codec import _blocks, _fixedpoint, _native
 from homagg._buffers import WordPool
 
 needs_native = pytest.mark.skipif(not _native.AVAILABLE, reason="the native kernels were not built (no C compiler "

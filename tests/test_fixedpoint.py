@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import homagg
-from homagg import _blocks
-from homagg import _fixedpoint as fp
-from homagg._worker import Worker
+from homagg.codec import _blocks
+from homagg.codec import _fixedpoint as fp
+from homagg.codec._worker import Worker
 from homagg.testing import local_allreduce
 
 

@@ -1,5 +1,5 @@
-"""The CPU fast paths (:mod:`homagg._hostops`) against the torch ops they replace, and the per-block
-scaling of :mod:`homagg._fixedpoint` against element-by-element scaling."""
+"""The CPU fast paths (:mod:`homagg.codec._hostops`) against the torch ops they replace, and the per-block
+scaling of :mod:`homagg.codec._fixedpoint` against element-by-element scaling."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from homagg import _fixedpoint, _hostops, _native
-from homagg._bitmap import pack_positions
+from homagg.codec import _fixedpoint, _hostops, _native
+from homagg.codec._bitmap import pack_positions
 
 needs_native = pytest.mark.skipif(not _native.AVAILABLE, reason="the native kernels were not built (no C compiler "
                                   "at install time, or HOMAGG_NATIVE=0)")
@@ -241,7 +241,7 @@ def test_nonzero_word_bitmap_equals_packing_the_nonzero_positions(seed, n, densi
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here")
 def test_the_native_kernels_are_built_where_a_compiler_is() -> None:
     """An install with a C compiler builds them (setup.py); a silent fallback would hide a broken build."""
-    assert _native.AVAILABLE, "homagg/_native_kernels*.so is missing: reinstall (pip install -e .) with a C compiler"
+    assert _native.AVAILABLE, "homagg/codec/_native_kernels*.so is missing: reinstall (pip install -e .) with a C compiler"
 
 
 @settings(max_examples=40, deadline=None)

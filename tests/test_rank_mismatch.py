@@ -10,7 +10,7 @@ import torch
 
 import homagg
 import switch_emulator
-from homagg import _descriptor
+from homagg.codec import _descriptor
 from homagg.testing import on_threads
 from homagg.transport import ControlClient, InProcessSwitch, UdpSwitchPort
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._config import SCHEMES, CodecConfig
+from ..codec._config import SCHEMES, CodecConfig
 from .._errors import HomAggError
 from ._ranks import RECORD_MARK, launch_ranks
 from ._report import load_range, out_folder, write_report

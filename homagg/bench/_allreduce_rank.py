@@ -12,7 +12,7 @@ gradient already is COO, and the (coalesced) result is densified after it stops 
 Inputs are generated deterministically from seeds (:func:`make_tensor`): ``density * numel``
 standard-normal nonzeros, half at positions shared by all ranks, the rest rank-specific; density 1
 is a fully dense ``randn``.  So rank 0 regenerates every rank's tensor and checks each result
-against the float64 sum with the documented bound (``homagg/_fixedpoint.py``): per element
+against the float64 sum with the documented bound (``homagg/codec/_fixedpoint.py``): per element
 ``|result - exact| <= W * 2**-22 * M``, ``M`` = max|x| over the element's block and all ranks.
 Every rank reports a digest of every result, so the launcher can check that all ranks got rank 0's
 result bit for bit without shipping tensors.

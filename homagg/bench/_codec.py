@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from .._config import SCHEMES, CodecConfig
-from .._schemes import protocol
-from .._stats import WorkerStats
+from ..codec._config import SCHEMES, CodecConfig
+from ..codec._schemes import protocol
+from ..codec._stats import WorkerStats
 from ..transport import combine_words
 
 __all__ = ["configure_parser", "run", "measure"]

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from .._errors import ConfigError
-from .._history import History
-from .._stats import WorkerStats
+from ..codec._history import History
+from ..codec._stats import WorkerStats
 from ..transport import SwitchPort
 from ._base import Compose, Context, ErrorFeedback, Stage
 from ._dgc import DGC
@@ -127,7 +127,7 @@ class Compressor:
 
         ``codec`` are :func:`homagg.allreduce` options (``config=CodecConfig(...)`` or its fields).
         """
-        from .._protocol import allreduce
+        from ..codec._protocol import allreduce
 
         stats = stats if stats is not None else WorkerStats()
         if not self.takes(tensor):

@@ -10,13 +10,13 @@ Rounds (a generator of rounds, like the codec's protocols: it never knows how wo
 
 **The scale round is the codec's exponent round.**  A block's scale is coded as the integer ``k``
 with ``2**(k/R) > sigma`` minimal (``R`` = ``steps`` grid points per octave; ``R = 1`` with
-``sigma = max|x|`` gives exactly the codec's frexp block exponent, :func:`homagg._blocks.exponents`),
+``sigma = max|x|`` gives exactly the codec's frexp block exponent, :func:`homagg.codec._blocks.exponents`),
 ``EMPTY_EXPONENT`` for an all-zero block.  MAX over workers gives the shared ``K``; the scale is
 ``2**(K/R)``, computed from the integer alone (a host table of ``2**(j/R)`` and an exact
 ``ldexp``), so every worker, on any device, uses the same float.
 
 **Steady state: a guess that only has to be common, not exact.**  As in the codec
-(:func:`homagg._fixedpoint.guess_exponents`), each worker quantises under its guess
+(:func:`homagg.codec._fixedpoint.guess_exponents`), each worker quantises under its guess
 ``max(previous K, own k)`` and sends, in the same round as its codes, its fresh ``k`` (MAX), its
 guess (MAX) and ``-guess`` (MAX, i.e. the smallest guess).  Unlike the codec, a quantiser does not
 need the *fresh* maximum: any scale at least every contributor's own one keeps the codes valid
@@ -47,10 +47,10 @@ from collections.abc import Generator, Hashable
 import torch
 
 from .._errors import ConfigError, NonFiniteError
-from .._fixedpoint import EMPTY_EXPONENT, guess_exponents, negated_guess
-from .._history import Agreed, History
-from .._stats import WorkerStats
-from .._worker import Round, exchange
+from ..codec._fixedpoint import EMPTY_EXPONENT, guess_exponents, negated_guess
+from ..codec._history import Agreed, History
+from ..codec._stats import WorkerStats
+from ..codec._worker import Round, exchange
 from ..transport._base import Stream, wrap_int32
 from ..wire import CombineOp
 from ._quantize import Quantizer

@@ -52,7 +52,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._config import SCHEMES
+from ..codec._config import SCHEMES
 from .._errors import ConfigError
 from ..jobs import format_addr, parse_addr
 from ..wire import MAX_SLOTS, MAX_WORDS_JUMBO

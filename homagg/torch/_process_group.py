@@ -107,15 +107,15 @@ class ProcessGroupHomagg(ProcessGroup):
         group_id: str = "",
     ) -> None:
         super().__init__(rank, size)
-        import homagg  # the codec; imported here, not at module import (entry-point safety)
+        from .. import codec  # imported here, not at module import (entry-point safety)
 
-        self._allreduce_fn = homagg.allreduce
-        self._codec = homagg.CodecConfig.from_options(dict(config.codec))
+        self._allreduce_fn = codec.allreduce
+        self._codec = codec.CodecConfig.from_options(dict(config.codec))
         #: what this rank's codec allreduces sent: bytes per stream, rounds, redos (accumulates)
-        self.stats = homagg.WorkerStats()
+        self.stats = codec.WorkerStats()
         #: what earlier allreduces agreed (exponents, union sizes), keyed by numel and dtype: a
         #: tensor of a size seen before (a DDP bucket) takes one round instead of two or three
-        self.history = homagg.History()
+        self.history = codec.History()
         #: gradient compression (``compress`` option / HOMAGG_COMPRESS; None: exact), applied to float
         #: allreduces issued during backward (DDP's gradient buckets); other allreduces stay exact
         from ..compress import from_spec

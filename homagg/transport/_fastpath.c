@@ -1,7 +1,7 @@
 /* The worker port's per-datagram work in C: build and send a batch of chunks (sendmmsg), receive
  * a batch of results (recvmmsg), check and match them, copy their words into the round's output.
  *
- * Plain C, no Python API, built into homagg._native_kernels and loaded with ctypes by
+ * Plain C, no Python API, built into homagg.transport._fastpath_kernels and loaded with ctypes by
  * homagg/transport/_fastpath.py.  homagg/transport/_udp.py keeps the protocol (windows, timers,
  * fast retransmit) in Python and calls these two functions once per batch instead of running the
  * per-datagram steps in Python; its pure-Python loop (HOMAGG_NATIVE=0 or no compiler) does the

@@ -1,7 +1,7 @@
 """The native worker datapath: ``homagg/transport/_fastpath.c`` (sendmmsg/recvmmsg) via ctypes.
 
 Same interface and the same bytes and results as :class:`._datapath.PyDatapath` (the reference);
-built into ``homagg._native_kernels`` by ``pip install`` where a C compiler is there.
+built into ``homagg.transport._fastpath_kernels`` by ``pip install`` where a C compiler is there.
 :data:`AVAILABLE` says whether it was; ``HOMAGG_NATIVE=0`` disables it (as every native kernel).
 """
 
@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import importlib.machinery
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
-from .. import _native
 from ..wire import VERSION
 from ._datapath import Round
 from ._sockets import PROBE_PREFIX
@@ -41,8 +43,23 @@ class _Counts(ctypes.Structure):
                 ("err", ctypes.c_int64)]
 
 
+def _library() -> ctypes.CDLL | None:
+    """The built library next to this file (as :mod:`homagg.codec._native` finds its own)."""
+    if os.environ.get("HOMAGG_NATIVE", "1") == "0":
+        return None
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"_fastpath_kernels{suffix}"
+        if path.exists():
+            try:
+                return ctypes.CDLL(str(path))
+            except OSError:
+                return None
+    return None
+
+
 def _load() -> ctypes.CDLL | None:
-    lib = _native._LIB
+    lib = _library()
     if lib is None or not hasattr(lib, "homagg_fp_send"):
         return None
     vp, i64 = ctypes.c_void_p, ctypes.c_int64

@@ -27,7 +27,7 @@ def context() -> Any:
     global _CTX
     if _CTX is None:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "numpy", "homagg", "homagg._protocol", "homagg.transport._udp"])
+        ctx.set_forkserver_preload(["torch", "numpy", "homagg", "homagg.codec._protocol", "homagg.transport._udp"])
         _CTX = ctx
     return _CTX
 

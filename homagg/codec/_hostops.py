@@ -8,7 +8,7 @@ which on a virtual machine mostly costs page faults (measured, 25M fp32, 1% nonz
 ``searchsorted`` 16 ms -> 9 ms; the result scatter 14 ms -> 7 ms).  Here those passes run through
 numpy on views of the same memory (no copies), in cache-sized chunks with reused buffers.
 
-Where the optional native kernels are built (:mod:`homagg._native`), contiguous 32-bit CPU data
+Where the optional native kernels are built (:mod:`homagg.codec._native`), contiguous 32-bit CPU data
 skips numpy's passes: the scan packs the bitmap in one vectorised pass and lists the positions
 from it (25M fp32 at 1%: 11 -> 7 ms), set bits are decoded four per step (a 2.5% union of 25M:
 4.7 -> 2.6 ms), slots in the union take two branch-free passes (0.50 -> 0.15 ms per 2**23

@@ -1,5 +1,5 @@
 /* homagg's dense fixed-point kernels: the three whole-tensor passes of a dense float32 call, each
- * one pass over memory with no temporaries (homagg/_blocks.py's torch code makes 2-6 passes and
+ * one pass over memory with no temporaries (homagg/codec/_blocks.py's torch code makes 2-6 passes and
  * allocates a tensor-sized temporary per step, which on a VM mostly costs page faults).
  *
  *   homagg_block_peaks32  per block of bs elements, the bits of its largest |x|: an IEEE float's
@@ -11,8 +11,8 @@
  *   homagg_dequantize32   out[i] = (float)sums[i] * factor[b]: int32 -> float32 rounds once (to
  *                         nearest even, as torch's copy_), the power-of-two factor is exact.
  *
- * Plain C, loaded with ctypes by homagg/_native.py and compiled into the same library as
- * homagg/_native_kernels.c (setup.py).  Every loop is written once and compiled twice
+ * Plain C, loaded with ctypes by homagg/codec/_native.py and compiled into the same library as
+ * homagg/codec/_native_kernels.c (setup.py).  Every loop is written once and compiled twice
  * (target_clones: AVX2, SSE4.1 and baseline x86-64, picked at load); no -ffast-math anywhere, so the
  * vectorised loops compute the IEEE operations the scalar ones do.  tests/test_dense_kernels.py
  * checks each kernel bit for bit against the torch code.

@@ -2,7 +2,7 @@
 
 The flat tensor is cut into segments of ``cfg.segment`` elements (a multiple of the exponent
 block, so every block lies in one segment and has the same exponent as without segments).  Each
-segment runs its own protocol (:func:`homagg._schemes.run`).  One transport thread calls
+segment runs its own protocol (:func:`homagg.codec._schemes.run`).  One transport thread calls
 ``port.combine`` for the submitted rounds, strictly in submission order; the calling thread
 encodes segment ``s + 1`` and decodes segment ``s - 1`` while the transport thread moves segment
 ``s`` (torch ops and socket calls release the GIL).
@@ -13,8 +13,8 @@ Invariants:
   ``DEPTH`` are in flight, else advance the oldest) depends only on how many rounds each segment
   takes, which every worker agrees on (those decisions come from combined words).
 * Nothing is sent before every segment's input passed the checks (NaN/Inf, dtype): all
-  segments' :class:`~homagg._worker.Worker` objects are built and prepared
-  (:func:`homagg._schemes.prepare`) first.
+  segments' :class:`~homagg.codec._worker.Worker` objects are built and prepared
+  (:func:`homagg.codec._schemes.prepare`) first.
 * Results are bit-identical to the unsegmented call (same block exponents; exact integer sums).
 * Every wait is bounded: a round's future completes when ``port.combine`` returns or raises (the
   port's own timeout); on any error the pending rounds are cancelled and the error propagates.
@@ -33,7 +33,7 @@ from ._history import History
 from ._schemes import Protocol, prepare, run
 from ._stats import WorkerStats
 from ._worker import Worker
-from .transport import SwitchPort
+from ..transport import SwitchPort
 
 __all__ = ["DEPTH", "segment_length", "allreduce_segments"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 __all__ = ["Agreed", "History"]
 

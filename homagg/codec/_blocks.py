@@ -1,6 +1,6 @@
 """Fixed point on a whole dense tensor, block by block: no index tensors, a few passes.
 
-The same grid as :mod:`homagg._fixedpoint` (the index path used for nonzero lists), computed on
+The same grid as :mod:`homagg.codec._fixedpoint` (the index path used for nonzero lists), computed on
 ``(blocks, block_size)`` views of the flat tensor (the last, partial block separately) with the
 block's scale broadcast, instead of gathering one exponent per element through an int64 index.
 
@@ -17,7 +17,7 @@ Exactness (why the results are bit-identical to the index path):
   output dtype, exactly as the index path.
 
 Contiguous float32 CPU tensors take the native kernels where they were built
-(``homagg/_dense_kernels.c`` via :mod:`homagg._native`): each of the three steps one pass over
+(``homagg/codec/_dense_kernels.c`` via :mod:`homagg.codec._native`): each of the three steps one pass over
 memory with no temporaries, computing the same float32 operations in the same order (bit for bit
 the torch code below, which every other tensor takes; ``tests/test_dense_kernels.py``).
 """
@@ -29,8 +29,8 @@ from collections.abc import Iterator
 import torch
 
 from . import _native
-from ._buffers import WordPool
-from ._errors import NonFiniteError
+from .._buffers import WordPool
+from .._errors import NonFiniteError
 from ._fixedpoint import EMPTY_EXPONENT, _pow2, precision_bits
 
 __all__ = ["exponents", "quantize", "dequantize_into"]

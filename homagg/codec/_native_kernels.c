@@ -3,7 +3,7 @@
  * elements' slots in the union (homagg_bit_ranks32) and the float32 decode into the result
  * (homagg_decode_into32).
  *
- * Plain C, no Python API: homagg/_native.py loads the built library with ctypes; homagg/_hostops.py
+ * Plain C, no Python API: homagg/codec/_native.py loads the built library with ctypes; homagg/codec/_hostops.py
  * uses it and falls back to its numpy (or torch) code when the library is absent (no compiler at
  * install time, or HOMAGG_NATIVE=0) or the input is not a contiguous 32-bit CPU array.  Every
  * function returns exactly what that code returns; tests/test_hostops.py checks the paths against

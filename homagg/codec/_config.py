@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 __all__ = ["CodecConfig", "SCHEMES", "check_scheme"]
 

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 import torch
 
 from ._config import SCHEMES
-from ._errors import ProtocolError, RankMismatchError
-from .transport import Stream
-from .wire import CombineOp
+from .._errors import ProtocolError, RankMismatchError
+from ..transport import Stream
+from ..wire import CombineOp
 
 __all__ = ["NAME", "FIELDS", "describe", "check"]
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from ._errors import InputError, IntegerOverflowError, NonFiniteError
+from .._errors import InputError, IntegerOverflowError, NonFiniteError
 
 __all__ = [
     "float32_factors",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ._hashing import mix32
-from .transport import wrap_int32
+from ..transport import wrap_int32
 
 __all__ = ["sketch_cells", "cell_indices", "encode", "peel"]
 

@@ -52,12 +52,12 @@ import torch
 
 from . import _bitmap, _descriptor, _sketch
 from ._config import CodecConfig, check_scheme
-from ._errors import ProtocolError
+from .._errors import ProtocolError
 from ._history import Agreed, History
 from ._stats import WorkerStats
-from .transport import Stream
+from ..transport import Stream
 from ._worker import Round, Worker, exchange
-from .wire import CombineOp
+from ..wire import CombineOp
 
 __all__ = ["protocol", "run", "prepare", "choose", "Round"]
 
@@ -88,7 +88,7 @@ def choose(numel: int, union_estimate: float, limbs: int, cfg: CodecConfig) -> s
 
 def _bitmap_cost(numel: int, union: float, cfg: CodecConfig) -> tuple[float, int]:
     """(modelled seconds, levels) of compact's bitmap and the rounds up to its values: one level
-    (``n/32`` words, then values: 2 rounds) or two (:func:`homagg._bitmap.two_level_words`, 3
+    (``n/32`` words, then values: 2 rounds) or two (:func:`homagg.codec._bitmap.two_level_words`, 3
     rounds); the cheaper, or ``cfg.bitmap_levels`` when set.  Agreed inputs: every worker picks
     the same."""
     bandwidth = cfg.bandwidth_gbps * 1e9 / 8
@@ -142,7 +142,7 @@ def run(w: Worker, scheme: str, stats: WorkerStats, history: History | None = No
 
 
 def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats) -> Protocol:
-    """``body`` with the call descriptor (:mod:`homagg._descriptor`) at the head of its first round:
+    """``body`` with the call descriptor (:mod:`homagg.codec._descriptor`) at the head of its first round:
     ranks that disagree about the call raise :class:`~homagg.RankMismatchError` after that round."""
     try:
         first = next(body)

@@ -7,8 +7,8 @@ sums into the result (in place when asked).  :func:`exchange` yields one round o
 streams and accounts for it in the statistics.
 
 Two representations, computed only when a scheme needs them: the *dense* one (block views of the
-flat tensor, :mod:`homagg._blocks`; what the dense scheme uses, no index tensors) and the *index*
-one (sorted nonzero positions ``idx`` and their grid words, :mod:`homagg._fixedpoint`; what
+flat tensor, :mod:`homagg.codec._blocks`; what the dense scheme uses, no index tensors) and the *index*
+one (sorted nonzero positions ``idx`` and their grid words, :mod:`homagg.codec._fixedpoint`; what
 compact and sketch use).  Both give the same words for the same element.
 """
 
@@ -20,10 +20,10 @@ import torch
 
 from . import _bitmap, _blocks, _fixedpoint, _hostops, _sparse
 from ._config import CodecConfig
-from ._errors import ProtocolError
+from .._errors import ProtocolError
 from ._stats import WorkerStats
-from .transport._base import Stream
-from .wire import CombineOp
+from ..transport._base import Stream
+from ..wire import CombineOp
 
 __all__ = ["Worker", "Round", "exchange"]
 
@@ -84,7 +84,7 @@ class Worker:
 
     @property
     def bitmap(self) -> torch.Tensor:
-        """int32 nonzero bitmap words of :attr:`idx` (:func:`homagg._bitmap.pack_positions`)."""
+        """int32 nonzero bitmap words of :attr:`idx` (:func:`homagg.codec._bitmap.pack_positions`)."""
         if self._bitmap is None:
             idx = self.idx  # a dense input's scan packs the bitmap too
             if self._bitmap is None:
@@ -116,7 +116,7 @@ class Worker:
     def local_exponents(self) -> torch.Tensor | None:
         """int32 exponent of each block's largest local magnitude (None for integers); computed on
         first use from the index list when it exists (O(nnz)), else by one pass over the dense
-        tensor (:func:`homagg._blocks.exponents`) — the two are equal bit for bit.
+        tensor (:func:`homagg.codec._blocks.exponents`) — the two are equal bit for bit.
 
         Raises :class:`~homagg.NonFiniteError` for NaN/Inf input (before anything is sent: every
         protocol asks for it, or for :attr:`idx`, before its first round)."""
@@ -220,7 +220,7 @@ class Worker:
     def union_values(self, words: torch.Tensor, union_size: int) -> torch.Tensor:
         """(U, L) int32 of this worker's grid words in the order of the set bits of the OR-combined
         bitmap ``words`` (which holds every local nonzero's bit): ``values_at(union)`` without a
-        search, each local word's slot counted from the bitmap (:func:`homagg._hostops.bit_ranks`)."""
+        search, each local word's slot counted from the bitmap (:func:`homagg.codec._hostops.bit_ranks`)."""
         out = torch.zeros((union_size, self.limbs), dtype=torch.int32, device=self.device)
         if self.idx.numel():
             slot = _hostops.bit_ranks(words, self.idx)

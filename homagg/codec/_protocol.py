@@ -12,7 +12,7 @@ from ._history import History
 from ._pipeline import allreduce_segments, segment_length
 from ._schemes import protocol
 from ._stats import WorkerStats
-from .transport import SwitchPort
+from ..transport import SwitchPort
 
 __all__ = ["allreduce"]
 
@@ -33,7 +33,7 @@ def allreduce(
 
     Returns a new tensor of the same shape, dtype and device (for a sparse COO input, a coalesced
     COO tensor of the same layout; its nonzeros travel, never a dense copy).  Floats are summed on the agreed
-    fixed-point grid (error bound in :mod:`homagg._fixedpoint`); integers exactly.  Every scheme
+    fixed-point grid (error bound in :mod:`homagg.codec._fixedpoint`); integers exactly.  Every scheme
     gives bit-identical results.  ``options`` are :class:`CodecConfig` fields (or pass ``config``).
     Raises :class:`NonFiniteError` before sending anything if the input holds NaN/Inf.
 
@@ -43,7 +43,7 @@ def allreduce(
     bit-identical with or without history.
 
     A dense-layout tensor larger than ``segment`` elements streams through the switch in
-    segments, encoding and decoding overlapped with the transfer (:mod:`homagg._pipeline`).
+    segments, encoding and decoding overlapped with the transfer (:mod:`homagg.codec._pipeline`).
     """
     cfg = config if config is not None else CodecConfig.from_options(options)
     stats = stats if stats is not None else WorkerStats()

@@ -1,8 +1,8 @@
-"""The optional native kernels (``homagg/_native_kernels.c``), loaded with ctypes.
+"""The optional native kernels (``homagg/codec/_native_kernels.c``), loaded with ctypes.
 
 :data:`AVAILABLE` says whether the library was built (``pip install`` compiles it when a C
 compiler is there; without one the install still succeeds).  Each wrapper takes and returns
-numpy arrays and computes exactly what :mod:`homagg._hostops`'s numpy code computes; the callers
+numpy arrays and computes exactly what :mod:`homagg.codec._hostops`'s numpy code computes; the callers
 there decide when to use them (contiguous 32-bit CPU data) and fall back otherwise.  Setting
 ``HOMAGG_NATIVE=0`` in the environment disables them (to compare the two paths).
 """

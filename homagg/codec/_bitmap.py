@@ -21,7 +21,7 @@ def bitmap_words(numel: int) -> int:
 
 def pack_positions(idx: torch.Tensor, numel: int) -> torch.Tensor:
     """Sorted or unsorted distinct flat positions -> int32 bitmap words
-    (:func:`homagg._hostops.bitmap_of`: bits are distinct, so ADD == OR)."""
+    (:func:`homagg.codec._hostops.bitmap_of`: bits are distinct, so ADD == OR)."""
     return _hostops.bitmap_of(idx, numel)
 
 
@@ -29,7 +29,7 @@ def unpack_positions(words: torch.Tensor) -> torch.Tensor:
     """int32 bitmap words -> sorted int64 flat positions of the set bits.
 
     Expands only nonzero *bytes* (8 candidates each) of the little-endian words, so the work is
-    O(words + 8 * nonzero bytes) (:func:`homagg._hostops.set_bit_positions`).
+    O(words + 8 * nonzero bytes) (:func:`homagg.codec._hostops.set_bit_positions`).
     """
     return _hostops.set_bit_positions(words.contiguous())
 

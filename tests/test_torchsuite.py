@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from tests._dist_scripts._launch import process_alive
-from homagg._torchsuite import QUICK, compare, select
-from homagg._torchsuite_gates import EXCEPTIONS, NAME_TESTS, _as_homagg, exception_reason, summarize
+from homagg.torch._suite import QUICK, compare, select
+from homagg.torch._suite_gates import EXCEPTIONS, NAME_TESTS, _as_homagg, exception_reason, summarize
 
 pytestmark = pytest.mark.torchsuite
 
@@ -185,7 +185,7 @@ with open(events_path, "a") as ev:
 
 
 def test_a_hung_or_crashed_driver_is_killed_and_the_rest_still_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import homagg._torchsuite as ts
+    import homagg.torch._suite as ts
 
     script = tmp_path / "fake_driver.py"
     script.write_text(_FAKE_DRIVER)

@@ -1,9 +1,9 @@
 """``homagg torchsuite``: PyTorch's own distributed test suite against homagg and against gloo.
 
 Runs ``DistributedTest._DistTestBase`` from the installed torch wheel once per backend, test by
-test (gloo, then homagg), in a driver process (:mod:`homagg._torchsuite_gates`, which also
+test (gloo, then homagg), in a driver process (:mod:`homagg.torch._suite_gates`, which also
 documents the gates), and fails on any test that passes for gloo and fails for homagg unless it
-is a documented exception (:data:`~homagg._torchsuite_gates.EXCEPTIONS`) failing for its
+is a documented exception (:data:`~homagg.torch._suite_gates.EXCEPTIONS`) failing for its
 documented reason.
 
 Every wait is bounded: the suite's own per-test join timeout is ``--timeout``; a driver that
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigError, HomAggError
-from ._torchsuite_gates import BACKENDS, exception_reason
+from .._errors import ConfigError, HomAggError
+from ._suite_gates import BACKENDS, exception_reason
 
 __all__ = ["QUICK", "configure_parser", "run", "select", "compare", "run_suite"]
 
@@ -70,7 +70,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _driver_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "homagg._torchsuite_gates", *args]
+    return [sys.executable, "-m", "homagg.torch._suite_gates", *args]
 
 
 def describe(world: int, gates: bool = False, timeout_s: float = 600.0) -> dict[str, Any]:

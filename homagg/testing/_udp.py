@@ -23,8 +23,8 @@ from typing import Any, NotRequired, Protocol, TypedDict
 
 import torch
 
-from ._testing_oracle import ResultMismatchError, WorkerFailedError, digest, within_bound
-from ._testing_tensors import gradients
+from ._oracle import ResultMismatchError, WorkerFailedError, digest, within_bound
+from ._tensors import gradients
 
 __all__ = ["UdpJobConfig", "SchemeVerdict", "SwitchAddresses", "udp_worker", "run_udp_job",
            "verify_udp_results", "run_on_switch"]
@@ -62,9 +62,9 @@ def udp_worker(rank: int, cfg: UdpJobConfig, barrier: Any = None, progress: Any 
     ``results`` (numpy arrays) only on rank 0 unless ``cfg["return_all"]``.  ``barrier`` (shared by
     the ranks) starts every scheme together; ``progress`` (a queue) receives ``(rank, scheme)``.
     """
-    from .codec import WorkerStats, allreduce
-    from .jobs import JobSpec
-    from .transport import UdpSwitchPort
+    from ..codec import WorkerStats, allreduce
+    from ..jobs import JobSpec
+    from ..transport import UdpSwitchPort
 
     torch.set_num_threads(1)
     tensors = gradients(rank, cfg["numel"], cfg["density"], cfg["seed"])
@@ -95,7 +95,7 @@ def run_udp_job(cfg: UdpJobConfig, world: int, on_progress: Callable[[int, str],
 
     Progress events go to ``on_progress(rank, scheme)`` (called in a thread of this process).
     """
-    from .transport._procs import Workers, context
+    from ..transport._procs import Workers, context
 
     ctx = context()
     barrier = ctx.Barrier(world)
@@ -141,7 +141,7 @@ def verify_udp_results(results: Sequence[Any], cfg: UdpJobConfig, world: int,
 
     Raises :class:`WorkerFailedError` if any rank failed; otherwise returns one verdict per scheme.
     """
-    from ._testing_local import local_allreduce
+    from ._local import local_allreduce
 
     failed = [r for r in results if not isinstance(r, dict)]
     if failed:
@@ -178,7 +178,7 @@ def run_on_switch(switch: SwitchAddresses, world: int, *, numel: int = 20000, de
     Raises :class:`WorkerFailedError` or :class:`ResultMismatchError` (naming each scheme's problems);
     returns the workers' reports (see :func:`udp_worker`).
     """
-    from .transport import ControlClient
+    from ..transport import ControlClient
 
     with ControlClient(switch.control_addr) as ctl:
         job = ctl.admit(world, n_slots=slots, words_per_packet=k)

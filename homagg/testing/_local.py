@@ -13,12 +13,12 @@ from typing import Any, TypeVar
 
 import torch
 
-from ._errors import InputError
-from .codec._protocol import allreduce
-from .codec._stats import WorkerStats
-from ._testing_oracle import ResultMismatchError
-from .transport import InProcessSwitch, Stream, SwitchPort, combine_words
-from .wire import CombineOp
+from .._errors import InputError
+from ..codec._protocol import allreduce
+from ..codec._stats import WorkerStats
+from ..transport import InProcessSwitch, Stream, SwitchPort, combine_words
+from ..wire import CombineOp
+from ._oracle import ResultMismatchError
 
 __all__ = ["LocalRun", "run_local", "local_allreduce", "on_threads", "check_combine"]
 

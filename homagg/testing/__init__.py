@@ -4,17 +4,17 @@ Running a job:
 
 * ``local_allreduce(tensors, scheme="auto", **options)`` is a stable contract: worker ``r`` holds
   ``tensors[r]``; every worker runs the real worker-side protocol against an
-  :class:`~homagg.transport.InProcessSwitch` (module ``homagg._testing_local``); the returned list holds each worker's result (identical,
+  :class:`~homagg.transport.InProcessSwitch` (module ``homagg.testing._local``); the returned list holds each worker's result (identical,
   same shape/dtype as the inputs).  :func:`run_local` also returns each worker's ``WorkerStats``.
 * ``run_on_switch(switch, world, ...)``: a job on a real switch (emulator or BMv2) with ``world``
   worker processes over UDP, every scheme, verified; the parts: :func:`udp_worker`,
-  :func:`run_udp_job`, :func:`verify_udp_results` (module ``homagg._testing_udp``).
+  :func:`run_udp_job`, :func:`verify_udp_results` (module ``homagg.testing._udp``).
 
-Making inputs (pure functions of their arguments, module ``homagg._testing_tensors``):
+Making inputs (pure functions of their arguments, module ``homagg.testing._tensors``):
 :func:`sparse_tensor` / :func:`sparse_tensors` (density, a part shared by every worker, value
 spread, integer grid) and :func:`gradients` (a realistic per-worker gradient set).
 
-Oracles (module ``homagg._testing_oracle``): :func:`exact_sum` (float64 / int64, unrounded),
+Oracles (module ``homagg.testing._oracle``): :func:`exact_sum` (float64 / int64, unrounded),
 :func:`block_max`, :func:`error_bound` (README's documented bound, per element),
 :func:`within_bound` (bool) and :func:`check_within_bound` (raises :class:`BoundExceededError`),
 :func:`digest` (bit identity).  Every failed check raises a :class:`HarnessError`, a
@@ -23,9 +23,9 @@ Oracles (module ``homagg._testing_oracle``): :func:`exact_sum` (float64 / int64,
 
 from __future__ import annotations
 
-from . import _testing_oracle
-from ._testing_local import LocalRun, check_combine, local_allreduce, on_threads, run_local
-from ._testing_oracle import (
+from . import _oracle
+from ._local import LocalRun, check_combine, local_allreduce, on_threads, run_local
+from ._oracle import (
     BoundExceededError,
     HarnessError,
     ResultMismatchError,
@@ -37,8 +37,8 @@ from ._testing_oracle import (
     exact_sum,
     within_bound,
 )
-from ._testing_tensors import gradients, sparse_tensor, sparse_tensors
-from ._testing_udp import (
+from ._tensors import gradients, sparse_tensor, sparse_tensors
+from ._udp import (
     SchemeVerdict,
     SwitchAddresses,
     UdpJobConfig,
@@ -67,5 +67,5 @@ __all__ = [
     "sparse_tensors",
     "gradients",
     # oracles (and their errors)
-    *_testing_oracle.__all__,
+    *_oracle.__all__,
 ]

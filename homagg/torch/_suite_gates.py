@@ -24,7 +24,7 @@ Worker processes start with ``fork`` by default (upstream's ``test_distributed_s
 spawn, ~30x slower here: every worker re-imports torch and the suite); the driver process never
 creates a group or runs a tensor op before forking.
 
-Run as ``python -m homagg._torchsuite_gates EVENTS PLAN`` (by :mod:`homagg._torchsuite`): runs the
+Run as ``python -m homagg.torch._suite_gates EVENTS PLAN`` (by :mod:`homagg.torch._suite`): runs the
 ``[test, backend]`` pairs of the JSON file PLAN in order and appends one JSON line per event to
 EVENTS; each test's worker output goes to ``<log_dir>/<test>.<backend>.log``.
 ``--list OUT WORLD`` / ``--gates OUT WORLD`` write the suite's tests (and gates) as JSON.
@@ -131,7 +131,7 @@ def static_gates(world: int) -> dict[str, str]:
         with tempfile.TemporaryDirectory(prefix="homagg-gates-") as tmp:
             env = dict(os.environ)
             code = (
-                "import json,sys,homagg._torchsuite_gates as g;"
+                "import json,sys,homagg.torch._suite_gates as g;"
                 f"g.prepare_environment({world}, {tmp!r}, 300, {backend!r});"
                 "json.dump(g.statically_skipped(), sys.stdout)"
             )
@@ -174,7 +174,7 @@ def _route_to_homagg(test_name: str) -> None:
     group) are created as homagg, and a default group that is not homagg is an error."""
     import torch.distributed as dist
 
-    from .torch import _backend
+    from . import _backend
 
     _backend.register()
     for attr in ("init_process_group", "new_group"):
@@ -231,7 +231,7 @@ def _build_classes() -> dict[str, type]:
     classes = {"GlooSuite": GlooSuite, "HomaggSuite": HomaggSuite}
     for name, cls in classes.items():  # importable by name: spawn pickles the class by reference
         cls.__qualname__ = cls.__name__ = name
-        cls.__module__ = "homagg._torchsuite_gates"
+        cls.__module__ = "homagg.torch._suite_gates"
     return classes
 
 
@@ -355,6 +355,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":  # run through the importable module, so spawn finds its classes
-    from homagg import _torchsuite_gates
+    from homagg.torch import _suite_gates
 
-    sys.exit(_torchsuite_gates.main(sys.argv[1:]))
+    sys.exit(_suite_gates.main(sys.argv[1:]))

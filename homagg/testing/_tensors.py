@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ._errors import InputError
+from .._errors import InputError
 
 __all__ = ["sparse_tensor", "sparse_tensors", "gradients"]
 

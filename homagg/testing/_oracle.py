@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ._errors import HomAggError
-from .codec._fixedpoint import precision_bits
+from .._errors import HomAggError
+from ..codec._fixedpoint import precision_bits
 
 __all__ = [
     "HarnessError",

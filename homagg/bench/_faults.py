@@ -18,8 +18,9 @@ Three parts, each against a Python emulator in its own process (:func:`switch_em
   all_reduces of ``--loss-numel`` int32 words: median time per all_reduce (slowest worker) and
   retransmissions per all_reduce (summed over the workers), every result exact.
 
-``--quick`` is the CI form (seconds, not minutes).  ``load_1min`` and the machine are recorded:
-on a shared machine the times are noisy.
+Every worker process runs :func:`homagg.bench._faults_rank.worker`.  ``--quick`` is the CI form
+(seconds, not minutes).  ``load_1min`` and the machine are recorded: on a shared machine the
+times are noisy.
 """
 
 from __future__ import annotations
@@ -36,15 +37,10 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
-import torch
-
 from .._errors import ProtocolError
+from ._faults_rank import SIZES, worker
 
 __all__ = ["configure_parser", "run"]
-
-_SIZES = (1_000, 40_000, 3_000, 150_000)
-_SCHEMES = ("dense", "sketch", "compact", "auto")
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -64,57 +60,6 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=30.0, help="seconds without progress before a worker fails")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the record to this file")
-
-
-def _data(rank: int, i: int, n: int, seed: int) -> torch.Tensor:
-    rng = np.random.default_rng((seed, rank, i))
-    x = rng.integers(-1000, 1001, n, dtype=np.int32)
-    if i % 2:  # every other tensor sparse: the sparse schemes get their kind of input
-        x[rng.random(n) > 0.02] = 0
-    return torch.from_numpy(x)
-
-
-def _worker(rank: int, cfg: dict[str, Any]) -> dict[str, Any]:
-    """One worker: all_reduces until told to stop (soak) or ``iters`` of them; checks each result."""
-    from .. import allreduce
-    from ..jobs import JobSpec
-    from ..transport import UdpSwitchPort
-
-    torch.set_num_threads(1)
-    world = cfg["world"]
-    port = UdpSwitchPort(tuple(cfg["data"]), job=JobSpec.from_dict(cfg["job"]), rank=rank,
-                         control=tuple(cfg["control"]), timeout=cfg["timeout"], secret=cfg["secret"])
-    times: list[float] = []
-    retx: list[int] = []
-    inexact: list[str] = []
-    schemes: dict[str, int] = {}
-    deadline = time.time() + cfg.get("duration", 0.0)
-    i = 0
-    try:
-        while True:
-            if "duration" in cfg:
-                stop = allreduce(torch.tensor([int(time.time() > deadline)], dtype=torch.int32), port, scheme="dense")
-                if int(stop[0]):
-                    break
-            elif i >= cfg["iters"]:
-                break
-            n = cfg.get("numel") or _SIZES[i % len(_SIZES)]
-            scheme = cfg.get("scheme") or _SCHEMES[(i // len(_SIZES)) % len(_SCHEMES)]
-            x = _data(rank, i, n, cfg["seed"])
-            r0 = port.stats["retransmits"]
-            t0 = time.perf_counter()
-            y = allreduce(x, port, scheme=scheme)
-            times.append(time.perf_counter() - t0)
-            retx.append(port.stats["retransmits"] - r0)
-            want = sum(_data(r, i, n, cfg["seed"]) for r in range(world))
-            if not torch.equal(y, want):
-                inexact.append(f"iteration {i} ({scheme}, {n} words)")
-            schemes[scheme] = schemes.get(scheme, 0) + 1
-            i += 1
-        return {"iterations": i, "times": times, "retransmits": retx, "inexact": inexact, "schemes": schemes,
-                "port_stats": dict(port.stats)}
-    finally:
-        port.close()
 
 
 def _rss_mib(pid: int) -> float | None:
@@ -159,7 +104,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     with switch_emulator.spawn(drop=loss, duplicate=loss, reorder=loss, seed=args.seed) as sw:
         job = _job(sw, w, 2048)
         cfg = {**_base_cfg(sw, job, args, w), "duration": args.duration}
-        ws = Workers(_worker, w, cfg)
+        ws = Workers(worker, w, cfg)
         pids = {"switch": sw.process.pid, **{f"worker{r}": p.pid for r, p in enumerate(ws.procs)}}
         samples: list[tuple[float, dict[str, float | None]]] = []
         t0 = time.monotonic()
@@ -185,7 +130,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         "workers": w, "duration_s": args.duration, "loss": {"drop": loss, "duplicate": loss, "reorder": loss},
         "all_reduces": iters, "exact": all(not r["inexact"] for r in results),
         "inexact": [x for r in results for x in r["inexact"]][:10],
-        "schemes": results[0]["schemes"], "sizes": list(_SIZES),
+        "schemes": results[0]["schemes"], "sizes": list(SIZES),
         "median_all_reduce_s": round(statistics.median(times), 4) if times else None,
         "retransmits": sum(r["port_stats"]["retransmits"] for r in results),
         "rss": rss, "rss_bound_mib": args.rss_bound_mib,
@@ -278,7 +223,7 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
             while True:
                 cfg = {**_base_cfg(sw, job, args, 2), "iters": 4, "seed": seed}
                 try:
-                    res = _check(Workers(_worker, 2, cfg).join(60 + 8 * args.timeout), f"fuzz job {k}")
+                    res = _check(Workers(worker, 2, cfg).join(60 + 8 * args.timeout), f"fuzz job {k}")
                 except ProtocolError as exc:
                     problems.append(str(exc))
                     return
@@ -375,7 +320,7 @@ def loss(args: argparse.Namespace) -> list[dict[str, Any]]:
             job = _job(sw, args.workers, 2048)
             cfg = {**_base_cfg(sw, job, args, args.workers), "iters": args.loss_iters, "numel": args.loss_numel,
                    "scheme": "dense"}
-            res = _check(Workers(_worker, args.workers, cfg).join(60 + args.loss_iters * 4 * args.timeout),
+            res = _check(Workers(worker, args.workers, cfg).join(60 + args.loss_iters * 4 * args.timeout),
                          f"loss {rate}")
             with ControlClient(sw.control_addr, secret=sw.secret) as ctl:
                 c = ctl.status()["counters"]

@@ -192,7 +192,8 @@ class StarNet:
         """What a rank in namespace ``rank`` needs: gloo's interface, the rendezvous, the switch and
         its control secret."""
         return {"GLOO_SOCKET_IFNAME": f"hw{rank}", "HOMAGG_SWITCH": f"{SWITCH_IP}:{SWITCH_PORT}", SECRET_ENV: self.secret,
-                "HOMAGG_WORDS_PER_PACKET": str(words_per_packet(self.mtu)), "HOMAGG_SLOTS": "64"}
+                "HOMAGG_WORDS_PER_PACKET": str(words_per_packet(self.mtu)),
+                "HOMAGG_SLOTS": os.environ.get("HOMAGG_SLOTS", "64")}  # the job's slots: its send window
 
     def launch(self, cmd: Sequence[str], world: int, *, label: str, stall_timeout: float,
                env: Mapping[str, str] | None = None,

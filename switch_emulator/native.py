@@ -23,16 +23,16 @@ tables returns once the serve thread applied it, so a worker's first datagram af
 from __future__ import annotations
 
 import ctypes
-import importlib.machinery
 import logging
 import socket
 import struct
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from homagg._cext import load_library
 
 from .counters import DROP_REASONS
 from .state import JobState
@@ -62,24 +62,18 @@ class _Job(ctypes.Structure):
 
 
 def _load() -> ctypes.CDLL | None:
-    here = Path(__file__).parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / f"_dataplane{suffix}"
-        if path.exists():
-            try:
-                lib = ctypes.CDLL(str(path))
-            except OSError:
-                return None
-            vp = ctypes.c_void_p
-            lib.hg_serve.argtypes = [ctypes.c_int, vp, ctypes.c_int32, vp, vp, ctypes.c_double, ctypes.c_double,
-                                     vp, vp, vp, vp]
-            lib.hg_serve.restype = ctypes.c_int64
-            lib.hg_scratch_size.restype = ctypes.c_int64
-            lib.hg_n_counters.restype = ctypes.c_int32
-            if lib.hg_n_counters() != len(COUNTER_NAMES):
-                return None  # a stale build: the Python engine serves instead
-            return lib
-    return None
+    lib = load_library(__file__, "_dataplane", honour_env=False)
+    if lib is None:
+        return None
+    vp = ctypes.c_void_p
+    lib.hg_serve.argtypes = [ctypes.c_int, vp, ctypes.c_int32, vp, vp, ctypes.c_double, ctypes.c_double,
+                             vp, vp, vp, vp]
+    lib.hg_serve.restype = ctypes.c_int64
+    lib.hg_scratch_size.restype = ctypes.c_int64
+    lib.hg_n_counters.restype = ctypes.c_int32
+    if lib.hg_n_counters() != len(COUNTER_NAMES):
+        return None  # a stale build: the Python engine serves instead
+    return lib
 
 
 _LIB = _load()

@@ -10,46 +10,37 @@ there decide when to use them (contiguous 32-bit CPU data) and fall back otherwi
 from __future__ import annotations
 
 import ctypes
-import importlib.machinery
-import os
-from pathlib import Path
 
 import numpy as np
+
+from .._cext import load_library
 
 __all__ = ["AVAILABLE", "pack32", "set_bits32", "bit_ranks32", "gather32", "decode_into32", "block_peaks32",
            "quantize32", "dequantize32"]
 
 
 def _load() -> ctypes.CDLL | None:
-    if os.environ.get("HOMAGG_NATIVE", "1") == "0":
+    lib = load_library(__file__, "_native_kernels")
+    if lib is None:
         return None
-    here = Path(__file__).parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / f"_native_kernels{suffix}"
-        if path.exists():
-            try:
-                lib = ctypes.CDLL(str(path))
-            except OSError:
-                return None
-            i64, ptr = ctypes.c_int64, ctypes.c_void_p
-            lib.homagg_pack32.argtypes = [ptr, i64, ctypes.c_uint32, ptr]
-            lib.homagg_pack32.restype = i64
-            lib.homagg_set_bits32.argtypes = [ptr, i64, ptr]
-            lib.homagg_set_bits32.restype = i64
-            lib.homagg_decode_into32.argtypes = [ptr, i64, ptr, ptr, i64, ptr, i64, ctypes.c_int]
-            lib.homagg_decode_into32.restype = i64
-            lib.homagg_bit_ranks32.argtypes = [ptr, i64, ptr, i64, ptr, ptr]
-            lib.homagg_bit_ranks32.restype = i64
-            lib.homagg_gather32.argtypes = [ptr, ptr, i64, ptr]
-            lib.homagg_gather32.restype = None
-            lib.homagg_block_peaks32.argtypes = [ptr, i64, i64, ptr]
-            lib.homagg_block_peaks32.restype = i64
-            lib.homagg_quantize32.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr]
-            lib.homagg_quantize32.restype = None
-            lib.homagg_dequantize32.argtypes = [ptr, i64, i64, ptr, ptr]
-            lib.homagg_dequantize32.restype = None
-            return lib
-    return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.homagg_pack32.argtypes = [ptr, i64, ctypes.c_uint32, ptr]
+    lib.homagg_pack32.restype = i64
+    lib.homagg_set_bits32.argtypes = [ptr, i64, ptr]
+    lib.homagg_set_bits32.restype = i64
+    lib.homagg_decode_into32.argtypes = [ptr, i64, ptr, ptr, i64, ptr, i64, ctypes.c_int]
+    lib.homagg_decode_into32.restype = i64
+    lib.homagg_bit_ranks32.argtypes = [ptr, i64, ptr, i64, ptr, ptr]
+    lib.homagg_bit_ranks32.restype = i64
+    lib.homagg_gather32.argtypes = [ptr, ptr, i64, ptr]
+    lib.homagg_gather32.restype = None
+    lib.homagg_block_peaks32.argtypes = [ptr, i64, i64, ptr]
+    lib.homagg_block_peaks32.restype = i64
+    lib.homagg_quantize32.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr]
+    lib.homagg_quantize32.restype = None
+    lib.homagg_dequantize32.argtypes = [ptr, i64, i64, ptr, ptr]
+    lib.homagg_dequantize32.restype = None
+    return lib
 
 
 _LIB = _load()

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import importlib.machinery
-import os
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
+from .._cext import load_library
 from ..wire import VERSION
 from ._datapath import Round
 from ._sockets import PROBE_PREFIX
@@ -44,18 +42,8 @@ class _Counts(ctypes.Structure):
 
 
 def _library() -> ctypes.CDLL | None:
-    """The built library next to this file (as :mod:`homagg.codec._native` finds its own)."""
-    if os.environ.get("HOMAGG_NATIVE", "1") == "0":
-        return None
-    here = Path(__file__).parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / f"_fastpath_kernels{suffix}"
-        if path.exists():
-            try:
-                return ctypes.CDLL(str(path))
-            except OSError:
-                return None
-    return None
+    """The built library next to this file (:func:`homagg._cext.load_library`)."""
+    return load_library(__file__, "_fastpath_kernels")
 
 
 def _load() -> ctypes.CDLL | None:

@@ -24,8 +24,7 @@ timers.  Duplicated, reordered and stale results are ignored (matched on slot, b
 and so are results without the job's token (wire v2; a forged result from an off-path host).
 
 ``stats``: ``packets`` sent (first copies), ``retransmits`` (``fast_retransmits`` of them early),
-``spurious_retransmits``
-(retransmissions proven unnecessary: a second result copy of the same chunk arrived, i.e. the
+``spurious_retransmits`` (retransmissions proven unnecessary: a second result copy of the same chunk arrived, i.e. the
 switch had counted the first copy and answered the retransmission too; a retransmission the switch
 drops as ``duplicate`` before completion is counted only by the switch), ``results``, ``ignored``
 (datagrams that are no result of this job), ``group_probes`` (other workers' probes of the result
@@ -242,8 +241,7 @@ class UdpSwitchPort(SwitchPort):
                 cur[(seq0 + c) % nslot] = -1
             nsent += went
             stats["packets"] += went
-            if went < len(ids):
-                stats["send_stalls"] = stats.get("send_stalls", 0) + 1
+            stats["send_stalls"] = stats.get("send_stalls", 0) + (went < len(ids))
             return went < len(ids)
 
         now = time.monotonic()

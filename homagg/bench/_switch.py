@@ -208,9 +208,9 @@ def _ints(text: str) -> list[int]:
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", default="4", help="worker processes, comma-separated list (default 4)")
     p.add_argument("--numel", default="10000000", help="int32 words per worker, comma-separated (default 10M)")
-    p.add_argument("--words-per-packet", default="16000",
-                   help="K, words per packet, comma-separated (default 16000: a 64048-byte IPv4 packet; 2238: "
-                        "9000 bytes, an MTU-9000 frame; 363: 1500 bytes, an MTU-1500 one)")
+    p.add_argument("--words-per-packet", default="16000,2238,363",
+                   help="K, words per packet, comma-separated (default: all three frame sizes, 16000: a "
+                        "64048-byte IPv4 packet; 2238: 9000 bytes, an MTU-9000 frame; 363: 1500 bytes, an MTU-1500 one)")
     p.add_argument("--engine", default="auto",
                    help="emulator engines, comma-separated: auto, native, python, or both (= native,python); "
                         "default auto: native where built")

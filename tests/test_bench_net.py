@@ -17,9 +17,9 @@ import pytest
 from homagg.bench._allreduce import RECORD_FIELDS
 from homagg import ConfigError
 from homagg.bench._allreduce_rank import sparse_allgather_bytes
-from homagg.bench._netns import StarNet, words_per_packet
+from homagg.bench._netns import StarNet
 from homagg.cli import main
-from homagg.wire import MAX_WORDS_JUMBO, datagram_len
+from homagg.wire import MAX_WORDS_JUMBO, datagram_len, words_for_mtu
 
 ROOT_AND_TOOLS = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 
@@ -71,7 +71,7 @@ def test_without_root_it_says_what_it_needs(monkeypatch: pytest.MonkeyPatch, cap
 def test_a_datagram_fills_one_frame_without_fragments(mtu: int) -> None:
     """IP (20) + UDP (8) + the homagg datagram fit the MTU, and one more word would not (unless
     the emulator's word limit is reached first): a datagram over the MTU goes as IP fragments."""
-    words = words_per_packet(mtu)
+    words = words_for_mtu(mtu)
     assert 28 + datagram_len(words) <= mtu
     assert words == MAX_WORDS_JUMBO or 28 + datagram_len(words + 1) > mtu
 

@@ -32,7 +32,7 @@ from typing import Any
 from ..codec._config import SCHEMES, CodecConfig
 from .._errors import HomAggError
 from ._ranks import RECORD_MARK, launch_ranks
-from ._report import load_range, out_folder, write_report
+from ._report import RETX_KEYS, load_range, out_folder, write_report
 
 __all__ = ["configure_parser", "run", "BASELINES", "FULL", "QUICK", "RECORD_FIELDS", "RECORD_MARK", "markdown_table"]
 
@@ -179,9 +179,7 @@ def _merge(backend: str, scheme: str | None, world: int, lines: list[dict[str, A
             "world": world, "median_s": float(statistics.median(slowest)),
             "rounds_per_allreduce": rounds, "segments_per_allreduce": segments,
             "bytes_per_worker": float(bytes_per if bytes_per is not None else -1.0),
-            "speedup_vs_gloo": None, "retransmits": per_call("retransmits", sum) if homagg else None,
-            "fast_retransmits": per_call("fast_retransmits", sum) if homagg else None,
-            "spurious_retransmits": per_call("spurious_retransmits", sum) if homagg else None,
+            "speedup_vs_gloo": None, **{k: per_call(k, sum) if homagg else None for k in RETX_KEYS},
             "exact": bool(same and first["within_bound"]), "max_abs_err": float(first["max_abs_err"]),
             "times_s": slowest, "repeats": calls, "load_avg": [round(v, 2) for v in first["load_avg"]],
             "machine": machine}

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ._ranks import RECORD_MARK, die_with_launcher
+from ._report import RETX_KEYS
 
 __all__ = ["make_tensor", "oracle", "check_result", "rank_main", "sparse_allgather_bytes"]
 
@@ -94,10 +95,6 @@ def check_result(result: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor,
     err = (result.double() - exact).abs()
     ok = bool((_blocks(err, block) <= bound.unsqueeze(1)).all())
     return ok, float(err.max()) if err.numel() else 0.0
-
-
-#: the switch port's retransmission counters a record reports (per call, summed over the ranks)
-RETX_KEYS = ("retransmits", "fast_retransmits", "spurious_retransmits")
 
 
 def _counters(pg: Any) -> tuple[int, int, dict[str, int] | None, int] | None:

@@ -24,10 +24,10 @@ import time
 from typing import Any
 
 from .._errors import HomAggError
+from ._report import RETX_KEYS
 
 __all__ = ["configure_parser", "run"]
 
-_RETX_KEYS = ("retransmits", "fast_retransmits", "spurious_retransmits")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         report["results"][backend] = {"run_median_ms": [round(m * 1e3, 3) for m in medians],
                                       "median_ms": round(statistics.median(medians) * 1e3, 3),
                                       "load_1min": load,
-                                      **{k: [r[k] for _, r in runs] for k in _RETX_KEYS}}
+                                      **{k: [r[k] for _, r in runs] for k in RETX_KEYS}}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
@@ -113,7 +113,7 @@ def _one_run(args: argparse.Namespace, backend: str) -> tuple[float, dict[str, i
     if bad:
         raise HomAggError(f"bench ddp: {backend} ranks failed {bad}: {outs[bad[0][0]][1][-2000:]}")
     lines = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
-    return float(lines[0]["median_s"]), {k: sum(int(x["port"].get(k, 0)) for x in lines) for k in _RETX_KEYS}
+    return float(lines[0]["median_s"]), {k: sum(int(x["port"].get(k, 0)) for x in lines) for k in RETX_KEYS}
 
 
 def _worker(args: argparse.Namespace) -> int:

@@ -33,7 +33,8 @@ from typing import Any
 
 from .._errors import HomAggError
 from ._allreduce import _floats, _machine, _measure, _sweep, add_sweep_arguments, markdown_table
-from ._netns import MAX_MTU, MTU, REPLICATIONS, StarNet, require_root, words_per_packet
+from ..wire import words_for_mtu
+from ._netns import MAX_MTU, MTU, REPLICATIONS, StarNet, require_root
 from ._report import load_range, out_folder, write_report
 
 __all__ = ["configure_parser", "run", "plot_net", "METHODS"]
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                 one = {**sweep, "world": [world]}
                 found = _measure(one, args, machine, launch=net.launch, title=f"bench net {bw:g} Mbit/s")
             records += [_with_limits(r, bw, args.mtu, args.replication) for r in found]
-    links = (f"tc tbf rate per direction, MTU {args.mtu} ({words_per_packet(args.mtu)} words per homagg datagram); "
+    links = (f"tc tbf rate per direction, MTU {args.mtu} ({words_for_mtu(args.mtu)} words per homagg datagram); "
              f"no delay or loss (no netem here); results by {args.replication}")
     report = {"benchmark": "net", "links": links, "mtu": args.mtu, "replication": args.replication,
               "bw_mbit": bws, "sweep": sweep, "machine": machine, "codec": args.codec,

@@ -42,7 +42,7 @@ from ..transport._auth import SECRET_ENV, SECRET_FILE_ENV, new_secret
 from ..wire import words_for_mtu
 from ._ranks import launch_ranks
 
-__all__ = ["StarNet", "SWITCH_IP", "MTU", "REPLICATIONS", "require_root", "words_per_packet"]
+__all__ = ["StarNet", "SWITCH_IP", "MTU", "REPLICATIONS", "require_root"]
 
 SWITCH_IP = "10.77.255.1"
 BRIDGE = "br0"  #: the switch host's bridge; every ``hs<r>`` is one of its ports
@@ -52,13 +52,7 @@ MTU = 9000  #: default link MTU: jumbo Ethernet frames
 MAX_MTU = 65535  #: veth's largest MTU
 
 
-def words_per_packet(mtu: int) -> int:
-    """Payload words of one homagg datagram filling one ``mtu``-byte IP packet
-    (:func:`homagg.wire.words_for_mtu`)."""
-    return words_for_mtu(mtu)
-
-
-WORDS_PER_PACKET = words_per_packet(MTU)  #: one homagg datagram per jumbo frame
+WORDS_PER_PACKET = words_for_mtu(MTU)  #: one homagg datagram per jumbo frame
 
 
 def require_root(command: str = "homagg bench net", instead: str = "there is no loopback fallback") -> None:
@@ -84,7 +78,7 @@ def _in(ns: str, *cmd: str) -> None:
 
 class StarNet:
     """``world`` worker namespaces and one switch namespace, links shaped to ``bw_mbit``, every
-    veth with MTU ``mtu`` (homagg datagrams fill one frame: :func:`words_per_packet`); results
+    veth with MTU ``mtu`` (homagg datagrams fill one frame: :func:`homagg.wire.words_for_mtu`); results
     replicated by the bridge (``replication="multicast"``) or sent once per worker (``"unicast"``)."""
 
     def __init__(self, world: int, bw_mbit: float, mtu: int = MTU, replication: str = "multicast") -> None:
@@ -192,7 +186,7 @@ class StarNet:
         """What a rank in namespace ``rank`` needs: gloo's interface, the rendezvous, the switch and
         its control secret."""
         return {"GLOO_SOCKET_IFNAME": f"hw{rank}", "HOMAGG_SWITCH": f"{SWITCH_IP}:{SWITCH_PORT}", SECRET_ENV: self.secret,
-                "HOMAGG_WORDS_PER_PACKET": str(words_per_packet(self.mtu)),
+                "HOMAGG_WORDS_PER_PACKET": str(words_for_mtu(self.mtu)),
                 "HOMAGG_SLOTS": os.environ.get("HOMAGG_SLOTS", "64")}  # the job's slots: its send window
 
     def launch(self, cmd: Sequence[str], world: int, *, label: str, stall_timeout: float,

@@ -12,7 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["out_folder", "load_range", "write_report", "print_table"]
+__all__ = ["RETX_KEYS", "out_folder", "load_range", "write_report", "print_table"]
+
+#: the switch port's retransmission counters every bench reports
+RETX_KEYS = ("retransmits", "fast_retransmits", "spurious_retransmits")
 
 Plot = tuple[str, Callable[[Path], None]]  #: (file name, function drawing into that path)
 

@@ -49,10 +49,10 @@ import torch
 
 from .._errors import ConfigError, ProtocolError
 from ..wire import HEADER_LEN
+from ._report import RETX_KEYS
 
 __all__ = ["configure_parser", "run", "measure"]
 
-_RETX_KEYS = ("retransmits", "fast_retransmits", "spurious_retransmits")
 
 
 def _words(rank: int, numel: int) -> torch.Tensor:
@@ -186,7 +186,7 @@ def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: i
         "switch_datagrams_per_s": datagrams / h, "payload_in_gbps": workers * bits / h / 1e9,
         "homagg_s": h, "gloo_s": g, "goodput_gbps": bits / h / 1e9, "gloo_goodput_gbps": bits / g / 1e9,
         "homagg_runs_s": homagg_rep, "gloo_runs_s": gloo_rep,
-        **{k: sum(r["stats"][k] for r in results) for k in _RETX_KEYS},
+        **{k: sum(r["stats"][k] for r in results) for k in RETX_KEYS},
         "switch_duplicates": counters["retransmit_answered"] + counters["drop_duplicate"],
         "load_1min": load,
         "switch_packets_in": counters["rx"], "switch_packets_out": counters["tx"], "drop": drop,

@@ -50,6 +50,15 @@ def _parts(flat: torch.Tensor, block_size: int) -> Iterator[tuple[slice, torch.T
 _WORDS = WordPool()
 
 
+def _grid_factors(e: torch.Tensor, p: int, lo: int, hi: int, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per block, the exact powers of two whose product is ``2**(P - E)`` (``E`` EMPTY: 1), each
+    in ``work``'s normal range; the second is None where it is 1 in every block."""
+    shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), p - e).to(torch.int64)
+    first = shift.clamp(lo, hi)
+    rest = shift - first
+    return _pow2(first, work), (_pow2(rest.clamp(lo, hi), work) if bool((rest != 0).any()) else None)
+
+
 def _native_float32(*tensors: torch.Tensor) -> bool:
     """Whether the native kernels serve these tensors: built, float32/int32, contiguous, on the CPU."""
     return _native.AVAILABLE and all(t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad
@@ -71,8 +80,8 @@ def exponents(flat: torch.Tensor, block_size: int) -> torch.Tensor:
             torch.maximum(view.amax(dim=1), view.amin(dim=1).neg_(), out=peak[sl])  # max |x|; NaN propagates
         bad = blocks > 0 and not bool(torch.isfinite(peak).all())
     if bad:
-        bad = int((~torch.isfinite(flat)).sum())
-        raise NonFiniteError(f"input holds {bad} non-finite value(s); nothing was sent")
+        count = int((~torch.isfinite(flat)).sum())
+        raise NonFiniteError(f"input holds {count} non-finite value(s); nothing was sent")
     e = torch.frexp(peak.to(torch.float64)).exponent.to(torch.int32)
     return torch.where(peak == 0, torch.full_like(e, EMPTY_EXPONENT), e)
 
@@ -87,11 +96,9 @@ def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size
     if mask is None:
         if flat.dtype == torch.float32 and _native_float32(flat):
             out = torch.from_numpy(_WORDS.take(flat.numel()))
-            shift = torch.where(exps == EMPTY_EXPONENT, torch.zeros_like(exps), p - exps).to(torch.int64)
-            first = shift.clamp(lo, hi)
-            rest = shift - first
-            f2 = _pow2(rest.clamp(lo, hi), work).numpy() if bool((rest != 0).any()) else None
-            _native.quantize32(flat.numpy(), block_size, _pow2(first, work).numpy(), f2, limit, out.numpy())
+            f1, f2 = _grid_factors(exps, p, lo, hi, work)
+            _native.quantize32(flat.numpy(), block_size, f1.numpy(), None if f2 is None else f2.numpy(), limit,
+                               out.numpy())
             return out
         out = torch.empty(flat.numel(), dtype=torch.int32, device=flat.device)
     else:
@@ -104,12 +111,10 @@ def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size
         if mask is not None:
             keep = torch.nonzero(mask[sl]).squeeze(1)
             view, e = view.index_select(0, keep), e.index_select(0, keep)
-        shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), p - e).to(torch.int64)
-        first = shift.clamp(lo, hi)
-        x = view.to(work) * _pow2(first, work).unsqueeze(1)
-        rest = shift - first
-        if bool((rest != 0).any()):
-            x.mul_(_pow2(rest.clamp(lo, hi), work).unsqueeze(1))
+        f1, f2 = _grid_factors(e, p, lo, hi, work)
+        x = view.to(work) * f1.unsqueeze(1)
+        if f2 is not None:
+            x.mul_(f2.unsqueeze(1))
         n = x.numel()
         out[at:at + n].view_as(x).copy_(x.round_().clamp_(-limit, limit))  # exact: integers below 2**31
         at += n

@@ -86,9 +86,9 @@ def test_star_bmv2_lossless_forged_tokens_dropped_and_few_retransmits(tmp_path: 
                                                                       record_property: Callable) -> None:
     """Every scheme through BMv2 on lossless links, while every worker first sends 5 datagrams
     with a wrong token into the job's first cell: they are dropped and counted (``drop_token``),
-    results stay exact, and the congestion window keeps the retransmissions of a lossless run
-    small (without it a third of the first sends were retransmitted; with it ~1% on a quiet 2-core
-    host, 7% with two benchmarks running beside it: the bound below is a regression guard)."""
+    results stay exact, and a lossless run retransmits under 2% of its first sends.  Measured: 0 of
+    10,344 in 7 runs (2 with both cores busy) since BMv2's ports run with segmentation offloads off
+    (``PORT_OFFLOADS_OFF``: libpcap's ring held ~30 packets with them on, 1.2-8.5% retransmitted)."""
     from topologies._deploy import LinkOpts
     from topologies.runner import run_experiment
 
@@ -103,7 +103,7 @@ def test_star_bmv2_lossless_forged_tokens_dropped_and_few_retransmits(tmp_path: 
     line = (f"lossless BMv2 star, 4 workers, {len(schemes)} schemes: {retx} of {first} first sends retransmitted "
             f"({100 * retx / first:.2f}%), drop_token {status['drop_token']}, {s['seconds']} s")
     record_property("homagg_report", line)
-    assert retx < 0.15 * first, line
+    assert retx < 0.02 * first, line
 
 
 @pytest.mark.bmv2

@@ -3,8 +3,10 @@
 SwitchML's self-clocking fills the job's whole slot pool at once and keeps it full.  A switch with
 short queues cannot take that: BMv2 1.15.5 drops silently once its queues are full (64 packets per
 egress port; neither its P4Runtime server nor its command line sets the depth), and four workers
-filling a 64-slot pool each send 256 datagrams at once (measured: 7% of first sends lost, every
-rank retransmitting a third of them with the old fast-retransmit rule).  The window bounds the
+filling a 64-slot pool each send 256 datagrams at once.  (The loss first measured there -- 7% of
+first sends, every rank retransmitting a third with the old fast-retransmit rule -- was mostly
+libpcap's capture ring on BMv2's ports, ~30 frames while the veth has segmentation offloads on;
+``topologies/bmv2.py`` turns them off, after which a lossless BMv2 run retransmits nothing.)  The window bounds the
 chunks a worker has sent whose results have not come back, between ``floor`` and ``limit`` (the
 job's ``n_slots``):
 

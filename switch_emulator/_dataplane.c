@@ -27,6 +27,8 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "_wirewords.h"
+
 #define HDR 20
 #define VERSION 2
 #define FLAG_RESULT 0x01
@@ -144,8 +146,7 @@ static const uint8_t *payload(outq *q, const hg_job *j, int i) {
     uint8_t *p = q->payloads + (int64_t)q->npay++ * STRIDE;
     const int32_t *r = j->regs + (int64_t)i * j->k;
     int32_t wc = j->key[5 * i + 4];
-    for (int32_t w = 0; w < wc; w++)
-        put32(p + 4 * w, (uint32_t)r[w]);
+    hg_words_to_wire(p, r, wc);
     return p;
 }
 
@@ -209,15 +210,14 @@ static void process(const uint8_t *b, int64_t n, uint32_t sip, uint32_t sport, c
     c[C_ACCEPTED]++;
     int32_t *r = j->regs + (int64_t)i * j->k;
     const uint8_t *p = b + HDR;
-    if (first) {
-        for (uint32_t x = 0; x < wc; x++) r[x] = (int32_t)get32(p + 4 * x);
-    } else if (op == 0) {
-        for (uint32_t x = 0; x < wc; x++) r[x] = (int32_t)((uint32_t)r[x] + get32(p + 4 * x));
-    } else if (op == 1) {
-        for (uint32_t x = 0; x < wc; x++) r[x] |= (int32_t)get32(p + 4 * x);
-    } else {
-        for (uint32_t x = 0; x < wc; x++) { int32_t v = (int32_t)get32(p + 4 * x); if (v > r[x]) r[x] = v; }
-    }
+    if (first)
+        hg_words_from_wire(r, p, wc);
+    else if (op == 0)
+        hg_words_add(r, p, wc);
+    else if (op == 1)
+        hg_words_or(r, p, wc);
+    else
+        hg_words_max(r, p, wc);
     int32_t now_cnt = first ? 1 : cnt + 1;
     j->count[i] = now_cnt;
     if (now_cnt != j->world)

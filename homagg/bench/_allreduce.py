@@ -8,7 +8,10 @@ instead) and run :mod:`homagg.bench._allreduce_rank`: per configuration one warm
 holds the median over repeats, the homagg group's rounds and bytes per call (``pg.stats``; a
 large tensor's pipelined segments overlap, so rounds are then per segment, beside
 ``segments_per_allreduce``), the
-UDP port's retransmissions per call (summed over ranks), and ``exact``: every rank's result equals
+UDP port's retransmissions per call (summed over ranks), the ranks' CPU time and minor page faults
+per call (``getrusage`` of each rank process around the call, every thread; summed over ranks,
+median over calls: ``cpu_s_per_call``, ``faults_per_call``; a switch process is not in it), and
+``exact``: every rank's result equals
 rank 0's bit for bit and lies within the documented bound of the float64 sum.
 
 Output: JSON records (``--json``, and ``records.json`` in ``--out``), ``table.md`` (also printed)
@@ -52,7 +55,8 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "segments_per_allreduce": (float, type(None)), "bytes_per_worker": (float,),
     "speedup_vs_gloo": (float, type(None)), "retransmits": (float, type(None)),
     "fast_retransmits": (float, type(None)), "spurious_retransmits": (float, type(None)), "exact": (bool,),
-    "max_abs_err": (float,), "times_s": (list,), "repeats": (int,), "load_avg": (list,), "machine": (dict,),
+    "max_abs_err": (float,), "cpu_s_per_call": (float, type(None)), "faults_per_call": (float, type(None)),
+    "times_s": (list,), "repeats": (int,), "load_avg": (list,), "machine": (dict,),
     "codec": (dict,),
 }
 
@@ -175,13 +179,18 @@ def _merge(backend: str, scheme: str | None, world: int, lines: list[dict[str, A
     rounds = per_call("rounds", max) if homagg else None
     if rounds is not None and segments:
         rounds /= segments
+    def summed(key: str) -> float | None:  # median over calls of the sum over ranks
+        if any(key not in ln for ln in lines):
+            return None
+        return float(statistics.median([sum(col) for col in zip(*(ln[key] for ln in lines))]))
+
     return {"backend": backend, "scheme": scheme, "numel": numel, "density": float(first["density"]),
             "world": world, "median_s": float(statistics.median(slowest)),
             "rounds_per_allreduce": rounds, "segments_per_allreduce": segments,
             "bytes_per_worker": float(bytes_per if bytes_per is not None else -1.0),
             "speedup_vs_gloo": None, **{k: per_call(k, sum) if homagg else None for k in RETX_KEYS},
             "exact": bool(same and first["within_bound"]), "max_abs_err": float(first["max_abs_err"]),
-            "times_s": slowest, "repeats": calls, "load_avg": [round(v, 2) for v in first["load_avg"]],
+            "cpu_s_per_call": summed("cpu"), "faults_per_call": summed("faults"), "times_s": slowest, "repeats": calls, "load_avg": [round(v, 2) for v in first["load_avg"]],
             "machine": machine}
 
 
@@ -254,14 +263,19 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1e3 * seconds
+
+
 def markdown_table(records: Sequence[dict[str, Any]], limits: bool = False) -> str:
     """One row per record, ordered by numel, world, density, then gloo and the schemes; with
     ``limits``, also each record's ``physical_limit_speedup`` and ``ratio_to_limit``."""
     order = {s: i for i, s in enumerate((*BASELINES, *SCHEMES))}
     rows = sorted(records, key=lambda r: (r["numel"], r["world"], r["density"],
                                           order.get(r["scheme"] or r["backend"], 9)))
-    out = ["| numel | world | density | backend | median ms | x gloo | rounds/call | MB/worker | retrans/call | exact |",
-           "|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+    out = ["| numel | world | density | backend | median ms | x gloo | rounds/call | MB/worker | retrans/call | "
+           "ranks' CPU ms | exact |",
+           "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     if limits:
         out = [out[0] + " limit x | of limit |", out[1] + "---:|---:|"]
     for r in rows:
@@ -269,7 +283,7 @@ def markdown_table(records: Sequence[dict[str, Any]], limits: bool = False) -> s
         out.append(f"| {r['numel']:,} | {r['world']} | {r['density']:g} | {name} | {r['median_s'] * 1e3:.1f} | "
                    f"{_fmt(r['speedup_vs_gloo'], '.2f')} | {_fmt(r['rounds_per_allreduce'], '.1f')} | "
                    f"{r['bytes_per_worker'] / 1e6:.3g} | {_fmt(r['retransmits'], '.1f')} | "
-                   f"{'yes' if r['exact'] else 'NO'} |"
+                   f"{_fmt(_ms(r.get('cpu_s_per_call')), '.0f')} | {'yes' if r['exact'] else 'NO'} |"
                    + (f" {_fmt(r.get('physical_limit_speedup'), '.2f')} | {_fmt(r.get('ratio_to_limit'), '.2f')} |"
                       if limits else ""))
     return "\n".join(out)

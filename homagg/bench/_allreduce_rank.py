@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import time
 from datetime import timedelta
 from typing import Any
@@ -139,6 +140,8 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
         x = x.to_sparse()
     exact, bound = oracle(numel, density, world, seed, block) if rank == 0 else (None, None)
     times: list[float] = []
+    cpu: list[float] = []  # this process's user + system CPU seconds in each timed call (every thread)
+    faults: list[int] = []  # its minor page faults in each timed call
     digests: list[str] = []
     ok, max_err = True, 0.0
     before = _counters(pg)
@@ -147,14 +150,18 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
             before = _counters(pg)  # stats of the timed calls only (the warm-up is call 0)
         buf = x.clone()
         dist.barrier()
+        use0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         buf = _reduce(buf)
         elapsed = time.perf_counter() - t0
+        use1 = resource.getrusage(resource.RUSAGE_SELF)
         # Every rank has finished the timed call before any rank checks or digests its result: on a
         # shared host a fast rank's checking would otherwise steal CPU from a rank still in the call.
         dist.barrier()
         if call:
             times.append(elapsed)
+            cpu.append(use1.ru_utime + use1.ru_stime - use0.ru_utime - use0.ru_stime)
+            faults.append(use1.ru_minflt - use0.ru_minflt)
         if sparse:
             buf = buf.to_dense()
         digests.append(hashlib.blake2b(buf.numpy()).hexdigest())
@@ -165,7 +172,8 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
         # progress: every stdout line resets the launcher's stall timer (a slow configuration is no hang)
         print(f"call {call} of {repeats} done ({numel} elements, density {density})", flush=True)
     after = _counters(pg)
-    out: dict[str, Any] = {"numel": numel, "density": density, "times": times, "digests": digests,
+    out: dict[str, Any] = {"numel": numel, "density": density, "times": times, "cpu": cpu, "faults": faults,
+                           "digests": digests,
                            "load_avg": list(load), "rounds": None, "bytes": None, "segments": None,
                            **dict.fromkeys(RETX_KEYS)}
     if sparse:

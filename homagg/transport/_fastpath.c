@@ -25,6 +25,8 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "_wirewords.h"
+
 #define HDR 20
 #define FLAG_RESULT 0x01
 #define BATCH 64
@@ -71,10 +73,7 @@ int64_t homagg_fp_send(int fd, const hg_job *job, const hg_chunks *ch, const int
             put16(p + 10, (uint32_t)(g & 0xFFFF));
             put32(p + 12, (uint32_t)off);
             put32(p + 16, job->token);
-            const int32_t *w = ch->src[ch->stream[c]] + off;
-            uint8_t *q = p + HDR;
-            for (int32_t j = 0; j < wc; j++)
-                put32(q + 4 * j, (uint32_t)w[j]);
+            hg_words_to_wire(p + HDR, ch->src[ch->stream[c]] + off, wc);
             iov[i].iov_base = p;
             iov[i].iov_len = HDR + 4 * (size_t)wc;
             memset(&msgs[i].msg_hdr, 0, sizeof msgs[i].msg_hdr);
@@ -165,10 +164,7 @@ int64_t homagg_fp_recv(int fd, const hg_job *job, const hg_chunks *ch, int64_t t
                 counts->late++;
                 continue;
             }
-            int32_t *o = ch->out[ch->stream[c]] + off;
-            const uint8_t *q = p + HDR;
-            for (uint32_t j = 0; j < wc; j++)
-                o[j] = (int32_t)get32(q + 4 * j);
+            hg_words_from_wire(ch->out[ch->stream[c]] + off, p + HDR, wc);
             completed[c] = 1;
             cur[s] = -1;
             events[nev++] = c;

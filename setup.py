@@ -5,7 +5,8 @@ codec's kernels), and so are ``homagg.transport._fastpath_kernels`` (:mod:`homag
 the worker port's batched datagram I/O) and ``switch_emulator._dataplane``
 (:mod:`switch_emulator.native`: the emulator's native engine); ``optional``:
 without a C compiler the install still succeeds and homagg uses its numpy code instead.  The last two
-share ``homagg/_wirewords.h`` (the word loops between host order and the wire's big-endian words).
+share ``homagg/_wirewords.h`` (the word loops between host order and the wire's big-endian words) and
+``homagg/_udpseg.h`` (UDP GSO and GRO).
 """
 
 from setuptools import Extension, setup
@@ -14,6 +15,6 @@ setup(ext_modules=[Extension("homagg.codec._native_kernels",
                              ["homagg/codec/_native_kernels.c", "homagg/codec/_dense_kernels.c"], optional=True,
                              extra_compile_args=["-O3"]),
                    Extension("homagg.transport._fastpath_kernels", ["homagg/transport/_fastpath.c"], optional=True,
-                             include_dirs=["homagg"], depends=["homagg/_wirewords.h"], extra_compile_args=["-O3"]),
+                             include_dirs=["homagg"], depends=["homagg/_wirewords.h", "homagg/_udpseg.h"], extra_compile_args=["-O3"]),
                    Extension("switch_emulator._dataplane", ["switch_emulator/_dataplane.c"], optional=True,
-                             include_dirs=["homagg"], depends=["homagg/_wirewords.h"], extra_compile_args=["-O3"])])
+                             include_dirs=["homagg"], depends=["homagg/_wirewords.h", "homagg/_udpseg.h"], extra_compile_args=["-O3"])])

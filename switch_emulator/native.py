@@ -8,6 +8,12 @@ once when the control plane changed the tables: :meth:`NativeEngine.changed`) it
 counters into :class:`~switch_emulator.counters.Counters`, notes each job's activity
 (``last_seen``) and rebuilds the tables.
 
+Datagram batching in the kernel (``homagg/_udpseg.h``): while the C loop serves, the socket has
+UDP_GRO set (a coalesced buffer is split into its datagrams, each counted and processed as if it
+came alone), and the results of a batch leave as GSO messages (datagrams to one destination of
+one length, up to 64 and 64 KB a message; the kernel cuts them back into the same datagrams).
+Where the kernel refuses GSO the loop sends one datagram per message from then on.
+
 A job served natively keeps its cell state in numpy arrays (``JobState.bitmap``, ``count`` and a
 :class:`KeyView` as ``key``), so :meth:`JobState.slot_status` reads them unchanged.  The engine is
 chosen once, at start: the Python pipeline (the readable reference) serves fault injection; the
@@ -45,6 +51,7 @@ log = logging.getLogger("homagg.switch")
 COUNTER_NAMES = ("rx", "tx", "accepted", "completed", "retransmit_answered") + tuple(
     "drop_" + r for r in DROP_REASONS if r != "injected")
 _BATCH, _STRIDE = 64, 65536 + 64
+UDP_GRO = 104  #: <linux/udp.h>: the socket accepts coalesced datagrams (homagg/_udpseg.h)
 
 
 class _Src(ctypes.Structure):
@@ -107,6 +114,16 @@ def _to_native(job: JobState) -> None:
     job.count = np.array(job.count, dtype=np.int32)  # type: ignore[assignment]
     job.key = KeyView(keys)  # type: ignore[assignment]
     job.regs = np.ascontiguousarray(job.regs, dtype=np.int32)
+
+
+def _set_gro(sock: socket.socket, on: bool) -> bool:
+    """UDP_GRO on ``sock`` (the C loop splits coalesced buffers; the Python engine could not, so
+    it is switched off again when the native loop stops).  False where the kernel has no UDP_GRO."""
+    try:
+        sock.setsockopt(socket.IPPROTO_UDP, UDP_GRO, int(on))
+    except OSError:
+        return False
+    return True
 
 
 def _ip(addr: str) -> int:
@@ -205,6 +222,7 @@ class NativeEngine:
         assert _LIB is not None
         switch.on_tables_changed = self.changed
         fd = sock.fileno()
+        gro = _set_gro(sock, True)
         self._rebuild(switch)
         next_house = time.monotonic() + 0.5
         try:
@@ -230,6 +248,8 @@ class NativeEngine:
                         self._rebuild(switch)
                     next_house = now + 0.5
         finally:
+            if gro:
+                _set_gro(sock, False)
             switch.on_tables_changed = None
             self._sync_counters(switch)
             self._sync_jobs()

@@ -3,12 +3,17 @@ homagg/transport/_fastpath.c: C with sendmmsg/recvmmsg) against each other, on r
 
 Oracle: the Python datapath.  Both must put the same bytes on the wire for the same chunks, and
 turn the same received datagrams (matching results, late copies, another job's, a wrong token,
-short ones, group probes) into the same completed chunks, output words and counts.
+short ones, group probes) into the same completed chunks, output words and counts -- the native one
+also when it sends runs of chunks as UDP GSO messages and when its socket hands it coalesced
+buffers of results (UDP_GRO, homagg/_udpseg.h): loopback carries a GSO packet whole to a socket
+with UDP_GRO, and cuts it into the datagrams for one without.
 """
 
 from __future__ import annotations
 
 import socket
+import struct
+import time
 
 import numpy as np
 import pytest
@@ -18,7 +23,7 @@ from homagg import wire
 from homagg.jobs import JobSpec
 from homagg.transport import CombineOp, Stream, UdpSwitchPort
 from homagg.transport._datapath import PyDatapath, Round
-from homagg.transport._fastpath import AVAILABLE, NativeDatapath
+from homagg.transport._fastpath import AVAILABLE, UDP_GRO, NativeDatapath, Scratch
 from homagg.transport._sockets import PROBE_PREFIX
 from tests.test_transport_rto import FakeSwitch
 
@@ -49,18 +54,24 @@ def _round(native: bool, seq0: int = 65530) -> tuple[Round, np.ndarray]:
     return Round(job=JOB, rank=1, seq0=seq0, chunks=chunks, srcs=srcs, outs=outs, bufs=bufs, stride=64), bufs
 
 
-def _datapath(rnd: Round, sock: socket.socket, native: bool):
-    return NativeDatapath(rnd, sock.fileno()) if native else PyDatapath(rnd, sock.send)
+UDP_SEGMENT = 103  #: <linux/udp.h>
 
 
-def test_both_datapaths_send_the_same_bytes() -> None:
+def _datapath(rnd: Round, sock: socket.socket, native: bool, gso: bool = False):
+    return NativeDatapath(rnd, sock.fileno(), Scratch([sock], gso)) if native else PyDatapath(rnd, sock.send)
+
+
+@pytest.mark.parametrize("gso", [False, True])
+def test_both_datapaths_send_the_same_bytes(gso: bool) -> None:
     wires = {}
     for native in (False, True):
         a, b = _pair()
         rnd, _ = _round(native)
-        dp = _datapath(rnd, a, native)
+        dp = _datapath(rnd, a, native, gso)
         assert dp.send(list(range(rnd.total))) == rnd.total  # 7 chunks: slots wrap, the tag wraps at 2**16
         wires[native] = [b.recv(2048) for _ in range(rnd.total)]
+        if native:
+            assert dp.scratch.gso.value == gso  # loopback takes GSO: it was not refused
         a.close(), b.close()
     assert wires[True] == wires[False]
     h, words = wire.parse_packet(wires[True][6])  # the last chunk: stream 1, words 7..8, MAX
@@ -116,17 +127,54 @@ def test_both_datapaths_match_results_alike() -> None:
     assert outs[0][14:21] == list(range(100, 107)) and outs[0][21:28] == [2**31 - 1, -2**31, 0, 1, 2, 3, 4]
 
 
+def test_a_coalesced_buffer_of_results_counts_as_its_datagrams() -> None:
+    """Results sent as one GSO message reach a native port's UDP_GRO socket as one buffer: it must
+    complete the same chunks with the same words as the Python datapath given them one by one."""
+    seen = {}
+    for native in (False, True):
+        a, b = _pair()
+        if native:
+            a.setsockopt(socket.IPPROTO_UDP, UDP_GRO, 1)
+        rnd, _ = _round(native)
+        dp = _datapath(rnd, a, native)
+        dp.send([0, 1, 2, 3])
+        for c in range(4):
+            rnd.cur[(rnd.seq0 + c) % 8] = c
+        # equal-length results of chunks 3, 0, 2, a late second copy of 0, then 1's with a wrong token
+        datagrams = [_result(rnd, c, [c * 10 + i for i in range(7)]) for c in (3, 0, 2, 0)]
+        datagrams.append(_result(rnd, 1, [1] * 7, token=1))
+        if native:
+            b.sendmsg([b"".join(datagrams)], [(socket.IPPROTO_UDP, UDP_SEGMENT, struct.pack("=H", len(datagrams[0])))])
+        else:
+            for d in datagrams:
+                b.send(d)
+        events: list[int] = []
+        late: list[tuple[int, int, int]] = []
+        time.sleep(0.1)
+        with pytest.raises(BlockingIOError):
+            dp.recv(a.fileno(), a.recv_into, events, late)
+        seen[native] = (events, late, [o.tolist() for o in rnd.outs], bytes(rnd.completed), list(rnd.cur),
+                        rnd.ignored, rnd.probes)
+        a.close(), b.close()
+    assert seen[True] == seen[False]
+    events, late, outs, completed, _, ignored, _ = seen[True]
+    assert events == [3, 0, 2] and len(late) == 1 and ignored == 1 and completed == bytes([1, 0, 1, 1, 0, 0, 0])
+    assert outs[0][21:28] == list(range(30, 37)) and outs[0][0:7] == list(range(7))
+
+
 @pytest.mark.parametrize("words", [1000, 123_457])
-def test_a_port_gives_the_same_results_and_wire_bytes_either_way(words: int) -> None:
+@pytest.mark.parametrize("gso", [False, True])
+def test_a_port_gives_the_same_results_and_wire_bytes_either_way(words: int, gso: bool) -> None:
     x = torch.randint(-2**31, 2**31 - 1, (words,), dtype=torch.int32)
     got, wires = {}, {}
     for native in (False, True):
         fake = FakeSwitch(lambda i, h: [(0.0, 1)])
         try:
             with UdpSwitchPort(fake.addr, rank=0, job_id=1, world_size=1, n_slots=32, words_per_packet=500,
-                               timeout=20.0, native=native) as port:
+                               timeout=20.0, native=native, gso=gso) as port:
                 (got[native],) = port.combine([Stream("x", CombineOp.ADD, x)])
                 assert port.stats["retransmits"] == 0
+                assert port.stats.get("gso", 0) == (native and gso)
         finally:
             fake.close()
         wires[native] = sorted(fake.received)

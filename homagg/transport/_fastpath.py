@@ -3,25 +3,38 @@
 Same interface and the same bytes and results as :class:`._datapath.PyDatapath` (the reference);
 built into ``homagg.transport._fastpath_kernels`` by ``pip install`` where a C compiler is there.
 :data:`AVAILABLE` says whether it was; ``HOMAGG_NATIVE=0`` disables it (as every native kernel).
+
+Kernel batching (``homagg/_udpseg.h``), per port (:class:`Scratch`): the port's sockets take
+UDP_GRO (a coalesced buffer of results is split in C), and with GSO on, runs of equal-length
+chunks leave as one GSO message each.  GSO is on by default only where the switch is reached over
+a physical NIC (:func:`gso_default`): on a veth or bridge the merged packet would reach a software
+switch that reads the link with AF_PACKET (BMv2 through libpcap, the emulator's raw backend) as
+one 64 KB frame.  ``HOMAGG_UDP_GSO=1`` (or ``0``) overrides that, e.g. for the UDP emulator behind
+veths (``homagg bench net``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-from collections.abc import Callable
+import os
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from .._cext import load_library
 from ..wire import VERSION
 from ._datapath import Round
-from ._sockets import PROBE_PREFIX
+from ._sockets import PROBE_PREFIX, interface_of
 
-__all__ = ["AVAILABLE", "NativeDatapath"]
+__all__ = ["AVAILABLE", "NativeDatapath", "Scratch", "gso_default"]
 
 _BATCH = 64
 _STRIDE = 65536 + 64
+_SEGMENTS = 64  #: HG_GSO_MAX_SEGMENTS: results one coalesced buffer may hold
+UDP_GRO = 104  #: <linux/udp.h>
 _i64p = ctypes.POINTER(ctypes.c_int64)
 
 
@@ -38,7 +51,7 @@ class _Chunks(ctypes.Structure):
 
 class _Counts(ctypes.Structure):
     _fields_ = [("ignored", ctypes.c_int64), ("probes", ctypes.c_int64), ("late", ctypes.c_int64),
-                ("err", ctypes.c_int64)]
+                ("err", ctypes.c_int64), ("drained", ctypes.c_int64), ("overflow", ctypes.c_int64)]
 
 
 def _library() -> ctypes.CDLL | None:
@@ -51,7 +64,7 @@ def _load() -> ctypes.CDLL | None:
     if lib is None or not hasattr(lib, "homagg_fp_send"):
         return None
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.homagg_fp_send.argtypes = [ctypes.c_int, vp, vp, vp, i64, vp, i64]
+    lib.homagg_fp_send.argtypes = [ctypes.c_int, vp, vp, vp, i64, vp, i64, vp]
     lib.homagg_fp_send.restype = i64
     lib.homagg_fp_recv.argtypes = [ctypes.c_int, vp, vp, i64, vp, vp, vp, i64, vp, vp, vp, i64, vp, i64, vp]
     lib.homagg_fp_recv.restype = i64
@@ -62,6 +75,39 @@ _LIB = _load()
 AVAILABLE = _LIB is not None
 
 
+def gso_default(sock: socket.socket) -> bool:
+    """Whether a port whose connected socket is ``sock`` sends GSO messages by default:
+    ``HOMAGG_UDP_GSO`` when set (``1``/``0``), else True only where the interface holding the
+    socket's local address is a physical device (``/sys/class/net/<name>/device`` exists)."""
+    env = os.environ.get("HOMAGG_UDP_GSO")
+    if env is not None:
+        return env.strip().lower() not in ("0", "", "false", "no", "off")
+    name = interface_of(sock.getsockname()[0])
+    return name is not None and (Path("/sys/class/net") / name / "device").exists()
+
+
+class Scratch:
+    """The native datapath's state that outlives a round: receive buffers and event arrays (a
+    round allocating 4 MB afresh costs page faults), whether GSO is on (cleared for good when the
+    kernel refuses it) and whether the sockets took UDP_GRO."""
+
+    def __init__(self, socks: Sequence[socket.socket], gso: bool) -> None:
+        self.rbuf = np.empty(_BATCH * _STRIDE, dtype=np.uint8)
+        self.events = np.empty(_BATCH * _SEGMENTS, dtype=np.int64)
+        self.late = np.empty(3 * self.events.size, dtype=np.int64)
+        self.gso = ctypes.c_int32(int(gso))
+        self.gro = all([_set_gro(s) for s in socks])
+        self.overflow = 0
+
+
+def _set_gro(sock: socket.socket) -> bool:
+    try:
+        sock.setsockopt(socket.IPPROTO_UDP, UDP_GRO, 1)
+    except OSError:  # a kernel before 5.0: one datagram per buffer, as without it
+        return False
+    return True
+
+
 def _addr(buf: object) -> int:
     return ctypes.addressof((ctypes.c_char * 1).from_buffer(buf))  # type: ignore[arg-type]
 
@@ -69,9 +115,9 @@ def _addr(buf: object) -> int:
 class NativeDatapath:
     """The datapath in C (see the module docstring and :mod:`._datapath`)."""
 
-    def __init__(self, rnd: Round, fd: int) -> None:
+    def __init__(self, rnd: Round, fd: int, scratch: Scratch) -> None:
         assert _LIB is not None
-        self.r, self.fd = rnd, fd
+        self.r, self.fd, self.scratch = rnd, fd, scratch
         job = rnd.job
         self._job = _Job(rnd.seq0, job.n_slots, job.slot_base, job.job_id, rnd.rank, VERSION, job.token)
         table = np.array([ch for ch in rnd.chunks], dtype=np.int32).reshape(-1, 4)
@@ -81,10 +127,8 @@ class NativeDatapath:
         self._chunks = _Chunks(*[c.ctypes.data for c in self._cols], ctypes.addressof(self._src),
                                ctypes.addressof(self._out))
         self._ids = np.empty(max(1, job.n_slots), dtype=np.int64)
-        self._events = np.empty(_BATCH * 4, dtype=np.int64)
-        self._late = np.empty(3 * _BATCH * 4, dtype=np.int64)
+        self._events, self._late, self._rbuf = scratch.events, scratch.late, scratch.rbuf
         self._nlate = ctypes.c_int64(0)
-        self._rbuf = np.empty(_BATCH * _STRIDE, dtype=np.uint8)
         self._counts = _Counts()
         self._cur = _addr(rnd.cur)
         self._completed = _addr(rnd.completed) if rnd.total else None
@@ -96,7 +140,8 @@ class NativeDatapath:
             self._ids = np.empty(n, dtype=np.int64)
         self._ids[:n] = ids
         sent = _LIB.homagg_fp_send(self.fd, ctypes.byref(self._job), ctypes.byref(self._chunks),  # type: ignore[union-attr]
-                                   self._ids.ctypes.data, n, self.r.bufs.ctypes.data, self.r.stride)
+                                   self._ids.ctypes.data, n, self.r.bufs.ctypes.data, self.r.stride,
+                                   ctypes.byref(self.scratch.gso))
         if sent < 0:
             if -sent == errno.ECONNREFUSED:
                 self.r.refused += 1
@@ -116,7 +161,8 @@ class NativeDatapath:
                                     _STRIDE, self._probe, len(PROBE_PREFIX), ctypes.byref(c))
             r.ignored += c.ignored
             r.probes += c.probes
-            c.ignored = c.probes = c.late = 0
+            self.scratch.overflow += c.overflow
+            c.ignored = c.probes = c.late = c.overflow = 0
             if n:
                 events.extend(self._events[:n].tolist())
             k = self._nlate.value
@@ -127,5 +173,5 @@ class NativeDatapath:
                 if err == errno.ECONNREFUSED:
                     raise ConnectionRefusedError(err, "ICMP port unreachable")
                 raise OSError(err, "recvmmsg failed")
-            if n < self._events.size:
+            if c.drained:
                 raise BlockingIOError  # drained, as a non-blocking socket says

@@ -38,7 +38,7 @@ import numpy as np
 from .._errors import ConfigError
 from ._errmap import transport_error
 
-__all__ = ["BUFFER_BYTES", "PROBE_PREFIX", "set_buffers", "link_mtu", "send_datagram", "multicast_group", "enable_multicast_send", "join_group",
+__all__ = ["BUFFER_BYTES", "PROBE_PREFIX", "set_buffers", "link_mtu", "interface_of", "send_datagram", "multicast_group", "enable_multicast_send", "join_group",
            "join_results_group"]
 
 BUFFER_BYTES = 32 << 20
@@ -146,27 +146,35 @@ def _await_probe(sock: socket.socket, expected: bytes, wait_s: float) -> bool:
             return True
 
 
+def interface_of(ip: str) -> str | None:
+    """Name of the local interface holding IPv4 address ``ip``, or None."""
+    try:
+        packed = socket.inet_aton(ip)
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in names:
+            try:
+                if fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("16s16x", name.encode()[:15]))[20:24] == packed:
+                    return name
+            except OSError:
+                continue
+    return None
+
+
 def link_mtu(ip: str) -> int | None:
     """MTU of the link a switch bound to ``ip`` is reached over: the interface holding ``ip`` (its
     MTU is what every worker's frames to it must fit), else the route's MTU to ``ip`` (Linux
     ``IP_MTU`` of a connected UDP socket: nothing is sent); None where neither can be read."""
-    try:
-        packed = socket.inet_aton(ip)
-    except OSError:
-        return None
+    name = interface_of(ip)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            names = [name for _, name in socket.if_nameindex()]
-        except OSError:
-            names = []
-        for name in names:
-            req = struct.pack("16s16x", name.encode()[:15])
+        if name is not None:
             try:
-                addr = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)[20:24]
-                if addr == packed:
-                    return int(struct.unpack("16si12x", fcntl.ioctl(s.fileno(), _SIOCGIFMTU, req))[1])
+                req = struct.pack("16s16x", name.encode()[:15])
+                return int(struct.unpack("16si12x", fcntl.ioctl(s.fileno(), _SIOCGIFMTU, req))[1])
             except OSError:
-                continue
+                pass
         try:
             s.connect((ip, 9))
             return int(s.getsockopt(socket.IPPROTO_IP, getattr(socket, "IP_MTU", 14)))

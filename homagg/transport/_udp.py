@@ -97,6 +97,7 @@ class UdpSwitchPort(SwitchPort):
     ``window``: chunks in flight at the start (the congestion window then adapts, up to ``n_slots``).
     ``native``: build, send, receive and match datagrams in C with batched syscalls
     (:mod:`._fastpath`; default: where it was built) or in Python (:mod:`._datapath`, the reference).
+    ``gso``: native sends as UDP GSO messages (default :func:`._fastpath.gso_default`: physical NICs).
     """
 
     def __init__(
@@ -121,6 +122,7 @@ class UdpSwitchPort(SwitchPort):
         secret: str | None = None,
         window: int = INITIAL_WINDOW,
         native: bool | None = None,
+        gso: bool | None = None,
     ) -> None:
         if job is None:
             if job_id is None or world_size is None:
@@ -157,6 +159,7 @@ class UdpSwitchPort(SwitchPort):
         self.native = fastpath.AVAILABLE if native is None else native
         if self.native and not fastpath.AVAILABLE:
             raise ConfigError("native=True, but the native datapath was not built (no C compiler at install?)")
+        self._gso, self._scratch = gso, None  # native: Scratch, made with the port's last socket
         self._seq = 0  # global chunk counter, identical on every worker of the job
         self._spare: list[np.ndarray] = []  # result arrays of the last rounds, reused once unreferenced
         self._last_g = [-1] * n  # per slot: global sequence number of the last chunk completed there
@@ -198,7 +201,11 @@ class UdpSwitchPort(SwitchPort):
         seq0 = self._seq
         rnd = Round(job=job, rank=self.rank, seq0=seq0, chunks=chunks, srcs=srcs, outs=outs, bufs=self._slotbuf,
                     stride=self._stride)
-        dp: Any = NativeDatapath(rnd, self.sock.fileno()) if self.native else PyDatapath(
+        if self.native and self._scratch is None:
+            gso = fastpath.gso_default(self.sock) if self._gso is None else self._gso
+            self._scratch = fastpath.Scratch([s for s in (self.sock, self.msock) if s is not None], gso)
+            self.stats["gso"] = int(gso)
+        dp: Any = NativeDatapath(rnd, self.sock.fileno(), self._scratch) if self.native else PyDatapath(
             rnd, lambda view: self._send(self.sock.send, view))
         cur, completed = rnd.cur, rnd.completed
         sent_at = [0.0] * nslot

@@ -4,8 +4,10 @@ W worker hosts and one switch host in network namespaces (:class:`~homagg.bench.
 every link shaped with ``tc tbf`` to ``--bw`` Mbit/s.  On identical tensors, in the same run:
 gloo's ring all_reduce between the worker hosts (routed through the switch host), gloo's
 all_reduce of the same data as a sparse COO tensor (what torch offers for sparse gradients; an
-all-gather of indices and values, densities below 1 only), and homagg through the Python
-emulator on the switch host, every scheme (dense = SwitchML-style in-network aggregation).  The ranks are those of ``homagg bench allreduce`` (same inputs, same exactness
+all-gather of indices and values, densities below 1 only), and homagg through the emulator on
+the switch host (its native engine where built), every scheme (dense = SwitchML-style in-network
+aggregation).  The ranks send runs of equal-length datagrams as UDP GSO messages
+(``HOMAGG_UDP_GSO``, default 1 here; ``HOMAGG_UDP_GSO=0`` measures without).  The ranks are those of ``homagg bench allreduce`` (same inputs, same exactness
 check), started inside the namespaces.
 
 Each record adds to ``homagg bench allreduce``'s: ``method`` (``gloo-ring`` / ``gloo-sparse`` /
@@ -26,6 +28,7 @@ its colour).
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,6 +65,12 @@ def add_replication_argument(parser: argparse.ArgumentParser) -> None:
                         help="how the emulator gets a result to the W workers: multicast = one send to the "
                              "job's group, copied to every link by the switch host's bridge (as a P4 switch's "
                              "multicast group); unicast = one send per worker (default multicast)")
+
+
+def _gso_on() -> bool:
+    """Whether the ranks send UDP GSO messages (``HOMAGG_UDP_GSO``, which :class:`StarNet` sets to 1
+    unless it is set: see homagg/transport/_fastpath.py)."""
+    return os.environ.get("HOMAGG_UDP_GSO", "1").strip().lower() not in ("0", "", "false", "no", "off")
 
 
 def _with_limits(record: dict[str, Any], bw: float, mtu: int, replication: str) -> dict[str, Any]:
@@ -132,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
                 found = _measure(one, args, machine, launch=net.launch, title=f"bench net {bw:g} Mbit/s")
             records += [_with_limits(r, bw, args.mtu, args.replication) for r in found]
     links = (f"tc tbf rate per direction, MTU {args.mtu} ({words_for_mtu(args.mtu)} words per homagg datagram); "
-             f"no delay or loss (no netem here); results by {args.replication}")
+             f"no delay or loss (no netem here); results by {args.replication}; "
+             f"worker sends as UDP GSO: {_gso_on()}")
     report = {"benchmark": "net", "links": links, "mtu": args.mtu, "replication": args.replication,
               "bw_mbit": bws, "sweep": sweep, "machine": machine, "codec": args.codec,
               "wall_s": round(time.monotonic() - started, 1), "records": records}

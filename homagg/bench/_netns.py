@@ -187,7 +187,11 @@ class StarNet:
         its control secret."""
         return {"GLOO_SOCKET_IFNAME": f"hw{rank}", "HOMAGG_SWITCH": f"{SWITCH_IP}:{SWITCH_PORT}", SECRET_ENV: self.secret,
                 "HOMAGG_WORDS_PER_PACKET": str(words_for_mtu(self.mtu)),
-                "HOMAGG_SLOTS": os.environ.get("HOMAGG_SLOTS", "64")}  # the job's slots: its send window
+                "HOMAGG_SLOTS": os.environ.get("HOMAGG_SLOTS", "64"),  # the job's slots: its send window
+                # the switch here is the UDP emulator: a worker's GSO packet crosses the veth and the
+                # bridge whole and its socket splits it (on veths GSO is off by default, for AF_PACKET
+                # switches such as BMv2: homagg/transport/_fastpath.py)
+                "HOMAGG_UDP_GSO": os.environ.get("HOMAGG_UDP_GSO", "1")}
 
     def launch(self, cmd: Sequence[str], world: int, *, label: str, stall_timeout: float,
                env: Mapping[str, str] | None = None,

@@ -28,7 +28,6 @@ its colour).
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 
 from .._errors import HomAggError
 from ._allreduce import _floats, _machine, _measure, _sweep, add_sweep_arguments, markdown_table
+from ..transport._fastpath import gso_env
 from ..wire import words_for_mtu
 from ._netns import MAX_MTU, MTU, REPLICATIONS, StarNet, require_root
 from ._report import load_range, out_folder, write_report
@@ -70,7 +70,7 @@ def add_replication_argument(parser: argparse.ArgumentParser) -> None:
 def _gso_on() -> bool:
     """Whether the ranks send UDP GSO messages (``HOMAGG_UDP_GSO``, which :class:`StarNet` sets to 1
     unless it is set: see homagg/transport/_fastpath.py)."""
-    return os.environ.get("HOMAGG_UDP_GSO", "1").strip().lower() not in ("0", "", "false", "no", "off")
+    return gso_env() is not False
 
 
 def _with_limits(record: dict[str, Any], bw: float, mtu: int, replication: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from ..wire import VERSION
 from ._datapath import Round
 from ._sockets import PROBE_PREFIX, interface_of
 
-__all__ = ["AVAILABLE", "NativeDatapath", "Scratch", "gso_default"]
+__all__ = ["AVAILABLE", "NativeDatapath", "Scratch", "gso_default", "gso_env"]
 
 _BATCH = 64
 _STRIDE = 65536 + 64
@@ -75,13 +75,19 @@ _LIB = _load()
 AVAILABLE = _LIB is not None
 
 
+def gso_env() -> bool | None:
+    """``HOMAGG_UDP_GSO`` as a bool (``0``, ``off``, ``no``, ``false`` or empty: False), None when unset."""
+    env = os.environ.get("HOMAGG_UDP_GSO")
+    return None if env is None else env.strip().lower() not in ("0", "", "false", "no", "off")
+
+
 def gso_default(sock: socket.socket) -> bool:
     """Whether a port whose connected socket is ``sock`` sends GSO messages by default:
-    ``HOMAGG_UDP_GSO`` when set (``1``/``0``), else True only where the interface holding the
-    socket's local address is a physical device (``/sys/class/net/<name>/device`` exists)."""
-    env = os.environ.get("HOMAGG_UDP_GSO")
+    ``HOMAGG_UDP_GSO`` when set, else True only where the interface holding the socket's local
+    address is a physical device (``/sys/class/net/<name>/device`` exists)."""
+    env = gso_env()
     if env is not None:
-        return env.strip().lower() not in ("0", "", "false", "no", "off")
+        return env
     name = interface_of(sock.getsockname()[0])
     return name is not None and (Path("/sys/class/net") / name / "device").exists()
 
@@ -98,6 +104,12 @@ class Scratch:
         self.gso = ctypes.c_int32(int(gso))
         self.gro = all([_set_gro(s) for s in socks])
         self.overflow = 0
+
+    @classmethod
+    def for_port(cls, sock: socket.socket, msock: socket.socket | None, gso: bool | None) -> Scratch:
+        """A port's: its unicast socket ``sock`` (connected to the switch), its result group's
+        ``msock`` if any; ``gso`` None: :func:`gso_default`."""
+        return cls([s for s in (sock, msock) if s is not None], gso_default(sock) if gso is None else gso)
 
 
 def _set_gro(sock: socket.socket) -> bool:

@@ -16,26 +16,20 @@ exponential backoff and a floor for a software switch (:mod:`._rto`).  Fast retr
 worker sends chunks in index order, so results mostly complete in index order; a result for chunk
 ``c`` while chunk ``i < c - DUPTHRESH`` (sent once) is still outstanding means ``i`` or its result
 was lost, and ``i`` is resent at once (no backoff; the timer stays the backstop, e.g. for the last
-chunks of a round).  A stalled round
-whose switch is gone (control port refusing, data port answering ICMP port unreachable) raises
-within a few RTOs, not at the timeout (:mod:`._liveness`).  When no result at all arrived for a whole RTO (a late peer or a
-stalled switch rather than losses), an expiry resends only the oldest chunk and restarts the other
-timers.  Duplicated, reordered and stale results are ignored (matched on slot, bank, tag, offset),
-and so are results without the job's token (wire v2; a forged result from an off-path host).
+chunks of a round).  A stalled round whose switch is gone (control port refusing, data port
+answering ICMP port unreachable) raises within a few RTOs (:mod:`._liveness`).  When no result
+arrived for a whole RTO, an expiry resends only the oldest chunk and restarts the others.
+Duplicated, reordered and stale results are ignored (matched on slot, bank, tag, offset), and so
+are results without the job's token (wire v2; a forged result from an off-path host).
 
 ``stats``: ``packets`` sent (first copies), ``retransmits`` (``fast_retransmits`` of them early),
-``spurious_retransmits`` (retransmissions proven unnecessary: a second result copy of the same chunk arrived, i.e. the
-switch had counted the first copy and answered the retransmission too; a retransmission the switch
-drops as ``duplicate`` before completion is counted only by the switch), ``results``, ``ignored``
-(datagrams that are no result of this job), ``group_probes`` (other workers' probes of the result
-group, received while they joined), ``rounds``, ``rtt_samples``, ``rto_backoffs``, ``srtt_us``, ``rto_us`` (current estimator state),
-``cwnd``, ``window_cuts``, ``window_undos`` (the congestion window's state), ``send_stalls`` (sends that found
-the socket's send buffer full: the rest of that batch waited for room, nothing was lost).
+``spurious_retransmits`` (a second result copy of the chunk arrived: the switch had counted the
+first), ``results``, ``ignored`` (no result of this job), ``group_probes`` (other workers' probes
+of the result group), ``rounds``, ``rtt_samples``, ``rto_backoffs``, ``srtt_us``, ``rto_us``,
+``cwnd``, ``window_cuts``, ``window_undos``, ``send_stalls`` (sends that found the send buffer
+full: the rest waited for room), ``gso`` (native: runs of chunks leave as UDP GSO messages).
 
-Output arrays are recycled: the port keeps the result arrays of its last two rounds and reuses one
-for a stream of the same length once nothing else references it any more (no tensor, view or
-array of the caller's), so a round does not fault in fresh pages for its results; :meth:`close`
-releases them.
+Result arrays of the last two rounds are reused once unreferenced (:func:`homagg._buffers.spare_int32`).
 
 Never hangs: when no chunk completes for ``timeout`` seconds, :class:`~homagg.SwitchTimeoutError`
 is raised naming the job, the oldest pending slot/bank/offset and the workers the switch has not
@@ -69,7 +63,6 @@ from ._base import Stream, SwitchPort
 from ._control import ControlClient, parse_addr
 from . import _fastpath as fastpath
 from ._datapath import PyDatapath, Round
-from ._fastpath import NativeDatapath
 from .._buffers import spare_int32
 from ._sockets import join_results_group, send_datagram, set_buffers
 from ._liveness import Liveness
@@ -202,10 +195,8 @@ class UdpSwitchPort(SwitchPort):
         rnd = Round(job=job, rank=self.rank, seq0=seq0, chunks=chunks, srcs=srcs, outs=outs, bufs=self._slotbuf,
                     stride=self._stride)
         if self.native and self._scratch is None:
-            gso = fastpath.gso_default(self.sock) if self._gso is None else self._gso
-            self._scratch = fastpath.Scratch([s for s in (self.sock, self.msock) if s is not None], gso)
-            self.stats["gso"] = int(gso)
-        dp: Any = NativeDatapath(rnd, self.sock.fileno(), self._scratch) if self.native else PyDatapath(
+            self._scratch = fastpath.Scratch.for_port(self.sock, self.msock, self._gso)
+        dp: Any = fastpath.NativeDatapath(rnd, self.sock.fileno(), self._scratch) if self.native else PyDatapath(
             rnd, lambda view: self._send(self.sock.send, view))
         cur, completed = rnd.cur, rnd.completed
         sent_at = [0.0] * nslot
@@ -343,6 +334,8 @@ class UdpSwitchPort(SwitchPort):
         """Move the datapath's counts into ``stats``; sync the timer and window state."""
         st = self.stats
         st["ignored"] += rnd.ignored
+        if self._scratch is not None:
+            st["gso"] = self._scratch.gso.value
         st["group_probes"] += rnd.probes
         if rnd.refused:
             st["refused"] = st.get("refused", 0) + rnd.refused

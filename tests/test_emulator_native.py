@@ -84,7 +84,12 @@ def _run(engine: str, seq: list[tuple[Addr, bytes]], specs: list[JobSpec] | None
                 deadline = time.monotonic() + 20
                 while ctl.status()["counters"]["rx"] < len(seq) and time.monotonic() < deadline:
                     time.sleep(0.05)
-                counters = ctl.status()["counters"]
+                # the Python engine counts rx as a datagram enters its pipeline and tx as the
+                # results leave: read the counters once they stop changing, not between the two
+                counters, before = ctl.status()["counters"], None
+                while counters != before and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    before, counters = counters, ctl.status()["counters"]
                 slots = [ctl.slot_status(j.job_id, j.slot_base + s) for j in specs for s in range(j.n_slots)]
         time.sleep(0.1)
         results = {src: _drain(s) for src, s in socks.items()}

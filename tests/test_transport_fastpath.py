@@ -89,6 +89,18 @@ def _result(rnd: Round, c: int, words: list[int], **change: int) -> bytes:
     return wire.pack_packet(wire.Header(version=wire.VERSION, reserved=0, **f), words[:f["word_count"]])
 
 
+def _receive(dp, sock: socket.socket, rnd: Round) -> tuple:
+    """Drain ``sock`` through ``dp`` once the datagrams sent to it arrived; what the round then
+    holds: (events, late results, outputs, completed, cur, ignored, probes)."""
+    events: list[int] = []
+    late: list[tuple[int, int, int]] = []
+    time.sleep(0.1)
+    with pytest.raises(BlockingIOError):
+        dp.recv(sock.fileno(), sock.recv_into, events, late)
+    return (events, late, [o.tolist() for o in rnd.outs], bytes(rnd.completed), list(rnd.cur), rnd.ignored,
+            rnd.probes)
+
+
 def test_both_datapaths_match_results_alike() -> None:
     seen = {}
     for native in (False, True):
@@ -111,14 +123,7 @@ def test_both_datapaths_match_results_alike() -> None:
         ]
         for d in datagrams:
             b.send(d)
-        events: list[int] = []
-        late: list[tuple[int, int, int]] = []
-        import time
-        time.sleep(0.1)
-        with pytest.raises(BlockingIOError):
-            dp.recv(a.fileno(), a.recv_into, events, late)
-        seen[native] = (events, late, [o.tolist() for o in rnd.outs], bytes(rnd.completed), list(rnd.cur),
-                        rnd.ignored, rnd.probes)
+        seen[native] = _receive(dp, a, rnd)
         a.close(), b.close()
     assert seen[True] == seen[False]
     events, late, outs, completed, cur, ignored, probes = seen[True]
@@ -148,13 +153,7 @@ def test_a_coalesced_buffer_of_results_counts_as_its_datagrams() -> None:
         else:
             for d in datagrams:
                 b.send(d)
-        events: list[int] = []
-        late: list[tuple[int, int, int]] = []
-        time.sleep(0.1)
-        with pytest.raises(BlockingIOError):
-            dp.recv(a.fileno(), a.recv_into, events, late)
-        seen[native] = (events, late, [o.tolist() for o in rnd.outs], bytes(rnd.completed), list(rnd.cur),
-                        rnd.ignored, rnd.probes)
+        seen[native] = _receive(dp, a, rnd)
         a.close(), b.close()
     assert seen[True] == seen[False]
     events, late, outs, completed, _, ignored, _ = seen[True]

@@ -14,7 +14,10 @@ from setuptools import Extension, setup
 setup(ext_modules=[Extension("homagg.codec._native_kernels",
                              ["homagg/codec/_native_kernels.c", "homagg/codec/_dense_kernels.c"], optional=True,
                              extra_compile_args=["-O3"]),
-                   Extension("homagg.transport._fastpath_kernels", ["homagg/transport/_fastpath.c"], optional=True,
-                             include_dirs=["homagg"], depends=["homagg/_wirewords.h", "homagg/_udpseg.h"], extra_compile_args=["-O3"]),
+                   Extension("homagg.transport._fastpath_kernels",
+                             ["homagg/transport/_fastpath.c", "homagg/transport/_fastround.c"], optional=True,
+                             include_dirs=["homagg"],
+                             depends=["homagg/_wirewords.h", "homagg/_udpseg.h", "homagg/transport/_fastpath.h"],
+                             extra_compile_args=["-O3"]),
                    Extension("switch_emulator._dataplane", ["switch_emulator/_dataplane.c"], optional=True,
                              include_dirs=["homagg"], depends=["homagg/_wirewords.h", "homagg/_udpseg.h"], extra_compile_args=["-O3"])])

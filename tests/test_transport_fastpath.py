@@ -24,6 +24,7 @@ from homagg.jobs import JobSpec
 from homagg.transport import CombineOp, Stream, UdpSwitchPort
 from homagg.transport._datapath import PyDatapath, Round
 from homagg.transport._fastpath import AVAILABLE, UDP_GRO, NativeDatapath, Scratch
+from homagg.transport._roundloop import chunk_table
 from homagg.transport._sockets import PROBE_PREFIX
 from tests.test_transport_rto import FakeSwitch
 
@@ -47,11 +48,12 @@ def _pair() -> tuple[socket.socket, socket.socket]:
 def _round(native: bool, seq0: int = 65530) -> tuple[Round, np.ndarray]:
     rng = np.random.default_rng(1)
     srcs = [rng.integers(-2**31, 2**31, 30, dtype=np.int64).astype(np.int32), np.arange(9, dtype=np.int32)]
-    chunks = [(j, off, min(7, a.size - off), op) for j, (a, op) in enumerate(zip(srcs, (0, 2)))
-              for off in range(0, a.size, 7)]
+    table = chunk_table([a.size for a in srcs], [0, 2], 7)
+    assert table.tolist() == [[j, off, min(7, a.size - off), op] for j, (a, op) in enumerate(zip(srcs, (0, 2)))
+                              for off in range(0, a.size, 7)]
     outs = [np.zeros(a.size, dtype=np.int32) for a in srcs]
     bufs = np.zeros(JOB.n_slots * 64, dtype=np.uint8)
-    return Round(job=JOB, rank=1, seq0=seq0, chunks=chunks, srcs=srcs, outs=outs, bufs=bufs, stride=64), bufs
+    return Round(job=JOB, rank=1, seq0=seq0, table=table, srcs=srcs, outs=outs, bufs=bufs, stride=64), bufs
 
 
 UDP_SEGMENT = 103  #: <linux/udp.h>

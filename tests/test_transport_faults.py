@@ -10,10 +10,14 @@ import switch_emulator
 from homagg.transport import ControlClient
 
 from homagg.testing import run_on_switch
+from tests.test_transport_rto import LOOPS
 
 
+@pytest.mark.parametrize("native", LOOPS)
 @pytest.mark.parametrize("rate", [0.01, 0.05])
-def test_exact_under_drop_duplicate_reorder(rate: float) -> None:
+def test_exact_under_drop_duplicate_reorder(rate: float, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both round loops (the workers inherit HOMAGG_NATIVE), each against the same faults."""
+    monkeypatch.setenv("HOMAGG_NATIVE", "1" if native else "0")
     faults = switch_emulator.FaultConfig(drop=rate, duplicate=rate, reorder=rate, seed=7)
     with switch_emulator.start(faults=faults) as sw:
         t0 = time.monotonic()

@@ -17,7 +17,13 @@ import torch
 from homagg import ConfigError
 from homagg import wire
 from homagg.transport import CombineOp, Stream, UdpSwitchPort
+from homagg.transport._fastpath import AVAILABLE
 from homagg.transport._rto import RtoEstimator
+
+#: both round loops: the Python reference and the native one (where it was built)
+LOOPS = [pytest.param(False, id="python-loop"),
+         pytest.param(True, id="native-loop",
+                      marks=pytest.mark.skipif(not AVAILABLE, reason="the native datapath was not built"))]
 
 
 def test_estimator_follows_rfc6298() -> None:
@@ -103,13 +109,13 @@ class FakeSwitch:
         self.sock.close()
 
 
-def _run(script: Callable[[int, tuple], list[tuple[float, int]]], n_words: int, k: int, slots: int,
+def _run(script: Callable[[int, tuple], list[tuple[float, int]]], n_words: int, k: int, slots: int, native: bool,
          **rto: float) -> tuple[torch.Tensor, torch.Tensor, dict[str, int], list[tuple]]:
     fake = FakeSwitch(script)
     words = torch.arange(1, n_words + 1, dtype=torch.int32) * 7
     try:
         with UdpSwitchPort(fake.addr, rank=0, job_id=1, world_size=1, n_slots=slots, words_per_packet=k,
-                           timeout=10.0, **rto) as port:
+                           timeout=10.0, native=native, **rto) as port:
             (out,) = port.combine([Stream("x", CombineOp.ADD, words)])
             stats = dict(port.stats)
     finally:
@@ -117,7 +123,8 @@ def _run(script: Callable[[int, tuple], list[tuple[float, int]]], n_words: int, 
     return out, words, stats, fake.received
 
 
-def test_late_result_makes_a_retransmission_that_is_counted_spurious() -> None:
+@pytest.mark.parametrize("native", LOOPS)
+def test_late_result_makes_a_retransmission_that_is_counted_spurious(native: bool) -> None:
     # one slot, two chunks of 10 words.  Chunk 0's first copy is answered after 0.3 s (past the
     # 20-50 ms RTO) and every retransmission of it after 0.35 s, as the switch's shadow copy
     # answers them: the later copies prove chunk 0's retransmission spurious.  Chunk 1 (offset 10)
@@ -128,7 +135,7 @@ def test_late_result_makes_a_retransmission_that_is_counted_spurious() -> None:
             return [(0.35, 1)] if retx else [(0.3, 1)]
         return [] if retx else [(0.8, 1)]
 
-    out, words, stats, received = _run(script, 20, 10, 1, rto=0.02, min_rto=0.02, max_rto=0.05)
+    out, words, stats, received = _run(script, 20, 10, 1, native, rto=0.02, min_rto=0.02, max_rto=0.05)
     assert torch.equal(out, words)
     retx = [h for h in received if h[2] & wire.FLAG_RETRANSMIT]
     assert stats["retransmits"] == len(retx) >= 2
@@ -137,12 +144,13 @@ def test_late_result_makes_a_retransmission_that_is_counted_spurious() -> None:
     assert stats["rtt_samples"] == 0  # Karn: both chunks were retransmitted, so no sample
 
 
-def test_lost_chunk_is_fast_retransmitted_before_the_timer() -> None:
+@pytest.mark.parametrize("native", LOOPS)
+def test_lost_chunk_is_fast_retransmitted_before_the_timer(native: bool) -> None:
     # the first copy of chunk 0 is lost; chunks 1.. complete; the RTO (5 s) never fires
     def script(i: int, h: tuple) -> list[tuple[float, int]]:
         return [] if i == 0 else [(0.0, 1)]
 
-    out, words, stats, received = _run(script, 80, 8, 8, rto=5.0, min_rto=5.0, max_rto=5.0)
+    out, words, stats, received = _run(script, 80, 8, 8, native, rto=5.0, min_rto=5.0, max_rto=5.0)
     assert torch.equal(out, words)
     assert stats["retransmits"] == stats["fast_retransmits"] == 1
     assert stats["rto_backoffs"] == 0 and stats["spurious_retransmits"] == 0
@@ -150,13 +158,14 @@ def test_lost_chunk_is_fast_retransmitted_before_the_timer() -> None:
     assert [h[9] for h in resent] == [0]  # offset of chunk 0
 
 
-def test_stall_resends_only_the_oldest_chunk() -> None:
+@pytest.mark.parametrize("native", LOOPS)
+def test_stall_resends_only_the_oldest_chunk(native: bool) -> None:
     # a late peer: every chunk's result comes 0.6 s after its first copy, retransmissions get no
     # answer (the switch drops them as duplicates); with a 50 ms RTO only chunk 0 is probed
     def script(i: int, h: tuple) -> list[tuple[float, int]]:
         return [] if h[2] & wire.FLAG_RETRANSMIT else [(0.6, 1)]
 
-    out, words, stats, received = _run(script, 40, 10, 4, rto=0.05, min_rto=0.05, max_rto=0.1)
+    out, words, stats, received = _run(script, 40, 10, 4, native, rto=0.05, min_rto=0.05, max_rto=0.1)
     assert torch.equal(out, words)
     assert {h[9] for h in received if h[2] & wire.FLAG_RETRANSMIT} == {0}
     assert stats["retransmits"] >= 1 and stats["fast_retransmits"] == 0

@@ -22,7 +22,7 @@ import switch_emulator
 from homagg import SwitchTimeoutError, wire
 from homagg.transport import CombineOp, ControlClient, Stream, UdpSwitchPort
 from homagg.transport._window import MIN_WINDOW, CongestionWindow
-from tests.test_transport_rto import FakeSwitch
+from tests.test_transport_rto import LOOPS, FakeSwitch
 
 
 def test_window_grows_one_chunk_per_window_of_results() -> None:
@@ -92,12 +92,13 @@ class CountingSwitch(FakeSwitch):
         super().close()
 
 
-def test_port_keeps_at_most_the_window_in_flight_and_grows_it() -> None:
+@pytest.mark.parametrize("native", LOOPS)
+def test_port_keeps_at_most_the_window_in_flight_and_grows_it(native: bool) -> None:
     fake = CountingSwitch(delay_s=0.02)
     words = torch.arange(1, 64 * 8 * 40 + 1, dtype=torch.int32)
     try:
         with UdpSwitchPort(fake.addr, rank=0, job_id=1, world_size=1, n_slots=64, words_per_packet=8,
-                           timeout=20.0, window=16) as port:
+                           timeout=20.0, window=16, native=native) as port:
             (out,) = port.combine([Stream("x", CombineOp.ADD, words)])
             stats = dict(port.stats)
     finally:
@@ -109,13 +110,14 @@ def test_port_keeps_at_most_the_window_in_flight_and_grows_it() -> None:
     assert stats["retransmits"] == 0 and stats["window_cuts"] == 0 and stats["cwnd"] > 16
 
 
-def test_sigkilled_emulator_is_reported_gone_within_a_second() -> None:
+@pytest.mark.parametrize("native", LOOPS)
+def test_sigkilled_emulator_is_reported_gone_within_a_second(native: bool) -> None:
     with switch_emulator.spawn() as sw:
         assert sw.process is not None
         with ControlClient(sw.control_addr, secret=sw.secret) as ctl:
             job = ctl.admit(1, n_slots=16, words_per_packet=wire.MAX_WORDS_JUMBO)
         with UdpSwitchPort(sw.data_addr, rank=0, job=job, control=sw.control_addr, secret=sw.secret,
-                           timeout=30.0, multicast=False) as port:
+                           timeout=30.0, multicast=False, native=native) as port:
             words = torch.arange(200_000, dtype=torch.int32)
             (out,) = port.combine([Stream("x", CombineOp.ADD, words)])
             assert torch.equal(out, words)  # the switch works
@@ -129,12 +131,13 @@ def test_sigkilled_emulator_is_reported_gone_within_a_second() -> None:
     assert waited < 2.0, waited  # ~0.5-0.75 s (a stall of 0.5 s, then a probe), not 30 s
 
 
-def test_sigkilled_emulator_without_control_port_is_reported_by_icmp_refusals() -> None:
+@pytest.mark.parametrize("native", LOOPS)
+def test_sigkilled_emulator_without_control_port_is_reported_by_icmp_refusals(native: bool) -> None:
     with switch_emulator.spawn() as sw:
         assert sw.process is not None
         with ControlClient(sw.control_addr, secret=sw.secret) as ctl:
             job = ctl.admit(1, n_slots=16, words_per_packet=64)
-            port = UdpSwitchPort(sw.data_addr, rank=0, job=job, timeout=30.0)
+            port = UdpSwitchPort(sw.data_addr, rank=0, job=job, timeout=30.0, native=native)
             ctl.register(job.job_id, 0, port.local_addr)
         with port:
             words = torch.arange(50_000, dtype=torch.int32)

@@ -35,23 +35,35 @@ class Round:
     """What one round's datapath works on: the job's constants, the chunk table, the slot buffers,
     the inputs and outputs, and the per-slot / per-chunk state the protocol shares with it."""
 
-    def __init__(self, *, job: Any, rank: int, seq0: int, chunks: list[tuple[int, int, int, int]],
+    def __init__(self, *, job: Any, rank: int, seq0: int, table: np.ndarray,
                  srcs: list[np.ndarray], outs: list[np.ndarray], bufs: np.ndarray, stride: int) -> None:
         self.job, self.rank, self.seq0 = job, rank, seq0
         self.nslot, self.base, self.jid, self.token = job.n_slots, job.slot_base, job.job_id, job.token
-        self.chunks, self.srcs, self.outs = chunks, srcs, outs
+        self.table, self.srcs, self.outs = table, srcs, outs  # table rows: (stream, offset, word_count, op)
+        self._chunks: list[tuple[int, int, int, int]] | None = None
         self.bufs, self.stride = bufs, stride  # slot s's datagram: bufs[s * stride : ...]
-        self.total = len(chunks)
+        self.total = len(table)
+        self.n0 = int(np.count_nonzero(table[:, 0] == 0)) if self.total else 0  # stream 0's chunks: the first
         self.cur = array("q", [-1]) * self.nslot  # chunk outstanding in each slot, -1 if none
+        self.tries = array("i", [0]) * self.nslot  # ... its retransmissions
+        self.sent_at = array("d", [0.0]) * self.nslot  # ... its first send (monotonic s)
+        self.deadline = array("d", [0.0]) * self.nslot  # ... when its timer expires
         self.completed = bytearray(self.total)
         self.ignored = 0  # datagrams that are no result of this job
         self.probes = 0  # the result group's probes among them
         self.refused = 0  # ICMP port unreachable reported by a receive
 
+    @property
+    def chunks(self) -> list[tuple[int, int, int, int]]:
+        """The table as tuples ``(stream, offset, word_count, op)`` (made on first use)."""
+        if self._chunks is None:
+            self._chunks = [tuple(row) for row in self.table.tolist()]  # type: ignore[misc]
+        return self._chunks
+
     def slot_view(self, s: int, c: int) -> memoryview:
         """Slot ``s``'s datagram as built for chunk ``c``."""
         start = s * self.stride
-        return memoryview(self.bufs)[start: start + datagram_len(self.chunks[c][2])]
+        return memoryview(self.bufs)[start: start + datagram_len(int(self.table[c, 2]))]
 
 
 class PyDatapath:

@@ -30,10 +30,10 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "_fastpath.h"
 #include "_udpseg.h"
 #include "_wirewords.h"
 
-#define HDR 20
 #define FLAG_RESULT 0x01
 #define BATCH 64
 
@@ -41,20 +41,6 @@ static inline void put16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)(v >> 8); p[1
 static inline void put32(uint8_t *p, uint32_t v) { uint32_t b = __builtin_bswap32(v); memcpy(p, &b, 4); }
 static inline uint32_t get16(const uint8_t *p) { return ((uint32_t)p[0] << 8) | p[1]; }
 static inline uint32_t get32(const uint8_t *p) { uint32_t b; memcpy(&b, p, 4); return __builtin_bswap32(b); }
-
-/* Job constants shared by both calls. */
-typedef struct {
-    int64_t seq0;          /* global number of the round's chunk 0 */
-    int32_t nslot, slot_base, job_id, rank, version;
-    uint32_t token;
-} hg_job;
-
-/* The round's chunk table: chunk c is words [off[c], off[c] + wc[c]) of stream stream[c], op op[c]. */
-typedef struct {
-    const int32_t *stream, *off, *wc, *op;
-    const int32_t *const *src;  /* per stream: the words to send (host order) */
-    int32_t *const *out;        /* per stream: where the results go (host order) */
-} hg_chunks;
 
 /* Write chunk c's datagram into its slot's buffer; returns the buffer (its length: HDR + 4 wc). */
 static uint8_t *build(const hg_job *job, const hg_chunks *ch, int64_t c, uint8_t *bufs, int64_t stride) {
@@ -129,16 +115,6 @@ int64_t homagg_fp_send(int fd, const hg_job *job, const hg_chunks *ch, const int
     }
     return done;
 }
-
-/* Counts of one homagg_fp_recv call besides the matched results. */
-typedef struct {
-    int64_t ignored;   /* not a result of this job (another job's, wrong token, malformed, ...) */
-    int64_t probes;    /* the result group's probes (payload starts with the probe prefix) */
-    int64_t late;      /* a valid result of this job for no outstanding chunk (late copy) */
-    int64_t err;       /* errno of a failed receive other than EAGAIN (0: none) */
-    int64_t drained;   /* 1: the socket had nothing more (the call stopped at EAGAIN) */
-    int64_t overflow;  /* results of a coalesced buffer beyond max_events: dropped (retransmitted) */
-} hg_recv_counts;
 
 /* Receive results on ``fd`` until it is drained or ``max_events`` chunks completed.  A result
  * matching the chunk outstanding in its slot: words copied into the output, completed[c] = 1,

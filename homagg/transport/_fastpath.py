@@ -20,6 +20,7 @@ import errno
 import os
 import socket
 from collections.abc import Callable, Sequence
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ from ..wire import VERSION
 from ._datapath import Round
 from ._sockets import PROBE_PREFIX, interface_of
 
-__all__ = ["AVAILABLE", "NativeDatapath", "Scratch", "gso_default", "gso_env"]
+__all__ = ["AVAILABLE", "NativeDatapath", "NativeRound", "Scratch", "gso_default", "gso_env"]
 
 _BATCH = 64
 _STRIDE = 65536 + 64
@@ -54,6 +55,34 @@ class _Counts(ctypes.Structure):
                 ("err", ctypes.c_int64), ("drained", ctypes.c_int64), ("overflow", ctypes.c_int64)]
 
 
+class _Slots(ctypes.Structure):  # hg_slots (_fastround.c)
+    _fields_ = [(name, ctypes.c_void_p) for name in ("cur", "tries", "sent_at", "deadline", "last_g", "last_retx")]
+
+
+_D, _I = ctypes.c_double, ctypes.c_int64
+#: the round loop's counts, as they are added to the port's ``stats``
+_ROUND_COUNTS = {"packets": "packets", "retransmits": "retransmits", "fast_retransmits": "fast_retransmits",
+                 "spurious": "spurious_retransmits", "results": "results", "send_stalls": "send_stalls",
+                 "refused": "refused", "late": "ignored"}
+
+
+class _RoundState(ctypes.Structure):  # hg_round (_fastround.c)
+    _fields_ = ([(n, _D) for n in ("cwnd", "ssthresh", "floor", "limit", "before_cwnd", "before_ssthresh")]
+                + [(n, _I) for n in ("has_before", "recover", "reductions", "undos")]
+                + [("rto", _D), ("max_rto", _D)]
+                + [(n, _I) for n in ("total", "low", "fr_next", "nsent", "done", "n0", "verify_left", "backlog")]
+                + [("last_progress", _D)]
+                + [(n, _I) for n in ("packets", "retransmits", "fast_retransmits", "spurious", "results",
+                                     "send_stalls", "refused", "late", "nsamples")]
+                + [("samples", _D * 64)])
+
+
+class _Bufs(ctypes.Structure):  # hg_bufs (_fastround.c)
+    _fields_ = [("bufs", ctypes.c_void_p), ("stride", _I), ("rbuf", ctypes.c_void_p), ("rstride", _I),
+                ("events", ctypes.c_void_p), ("max_events", _I), ("late", ctypes.c_void_p), ("ids", ctypes.c_void_p),
+                ("probe", ctypes.c_void_p), ("probe_len", _I), ("gso", ctypes.c_void_p)]
+
+
 def _library() -> ctypes.CDLL | None:
     """The built library next to this file (:func:`homagg._cext.load_library`)."""
     return load_library(__file__, "_fastpath_kernels")
@@ -68,6 +97,11 @@ def _load() -> ctypes.CDLL | None:
     lib.homagg_fp_send.restype = i64
     lib.homagg_fp_recv.argtypes = [ctypes.c_int, vp, vp, i64, vp, vp, vp, i64, vp, vp, vp, i64, vp, i64, vp]
     lib.homagg_fp_recv.restype = i64
+    if hasattr(lib, "homagg_fp_run"):
+        lib.homagg_fp_run.argtypes = [ctypes.c_int, ctypes.c_int, vp, vp, vp, vp, vp, vp, vp, ctypes.c_double]
+        lib.homagg_fp_run.restype = i64
+    else:  # a library built before the round loop existed: rebuild (pip install -e .)
+        return None
     return lib
 
 
@@ -132,8 +166,7 @@ class NativeDatapath:
         self.r, self.fd, self.scratch = rnd, fd, scratch
         job = rnd.job
         self._job = _Job(rnd.seq0, job.n_slots, job.slot_base, job.job_id, rnd.rank, VERSION, job.token)
-        table = np.array([ch for ch in rnd.chunks], dtype=np.int32).reshape(-1, 4)
-        self._cols = [np.ascontiguousarray(table[:, i]) for i in range(4)]  # stream, off, wc, op
+        self._cols = [np.ascontiguousarray(rnd.table[:, i]) for i in range(4)]  # stream, off, wc, op
         self._src = (ctypes.c_void_p * len(rnd.srcs))(*[a.ctypes.data for a in rnd.srcs])
         self._out = (ctypes.c_void_p * len(rnd.outs))(*[a.ctypes.data for a in rnd.outs])
         self._chunks = _Chunks(*[c.ctypes.data for c in self._cols], ctypes.addressof(self._src),
@@ -187,3 +220,67 @@ class NativeDatapath:
                 raise OSError(err, "recvmmsg failed")
             if c.drained:
                 raise BlockingIOError  # drained, as a non-blocking socket says
+
+    def round_run(self, loop: Any, window: Any, mfd: int) -> NativeRound:
+        """The C round loop over this datapath for ``loop`` (a :class:`._roundloop.RoundLoop`)."""
+        return NativeRound(self, loop, window, mfd)
+
+
+class NativeRound:
+    """``homagg_fp_run`` (``_fastround.c``) for one round: :meth:`step` runs it until the round is
+    done, stream 0 is back (``VERIFY``) or ``until``, mirroring the state both ways each time."""
+
+    DONE, VERIFY, SCAN = 0, 1, 2
+
+    def __init__(self, dp: NativeDatapath, loop: Any, window: Any, mfd: int) -> None:
+        r, port = dp.r, loop.port
+        self.dp, self.loop, self.window, self.mfd = dp, loop, window, mfd
+        st = self._st = _RoundState(total=r.total, n0=r.n0, verify_left=loop.verify_left, max_rto=port.max_rto,
+                                    floor=window.floor, limit=float(window.limit))
+        self._slots = _Slots(*[_addr(a) for a in (r.cur, r.tries, r.sent_at, r.deadline, port._last_g,
+                                                   port._last_retx)])
+        sc = dp.scratch
+        self._ids = np.empty(max(1, r.nslot), dtype=np.int64)  # a window's chunk ids (at most n_slots)
+        self._bufs = _Bufs(r.bufs.ctypes.data, r.stride, sc.rbuf.ctypes.data, _STRIDE, sc.events.ctypes.data,
+                           sc.events.size, sc.late.ctypes.data, self._ids.ctypes.data, ctypes.addressof(dp._probe),
+                           len(PROBE_PREFIX), ctypes.addressof(sc.gso))
+        st.backlog = 1  # the first step fills the window
+        self._args = (dp.fd, mfd, ctypes.byref(dp._job), ctypes.byref(dp._chunks), ctypes.byref(st),
+                      ctypes.byref(self._slots), dp._completed, ctypes.byref(self._bufs), ctypes.byref(dp._counts))
+
+    def step(self, est: Any, until: float) -> int:
+        st, loop, win = self._st, self.loop, self.window
+        st.cwnd, st.ssthresh, st.recover, st.reductions, st.undos = win.cwnd, win.ssthresh, win.recover, \
+            win.reductions, win.undos
+        before = win._before_cut
+        st.has_before = before is not None
+        if before is not None:
+            st.before_cwnd, st.before_ssthresh = before
+        st.rto, st.last_progress = est.rto, loop.last_progress
+        rc = _LIB.homagg_fp_run(*self._args, until)  # type: ignore[union-attr]
+        for i in range(st.nsamples):
+            est.sample(st.samples[i])
+        win.cwnd, win.ssthresh, win.recover, win.reductions, win.undos = st.cwnd, st.ssthresh, st.recover, \
+            st.reductions, st.undos
+        win._before_cut = (st.before_cwnd, st.before_ssthresh) if st.has_before else None
+        loop.last_progress, loop.done, loop.low, loop.nsent = st.last_progress, st.done, st.low, st.nsent
+        loop.verify_left = st.verify_left
+        self._pull_counts()
+        if rc < 0:
+            err = -rc
+            if err == errno.ECONNREFUSED:  # counted in C; never returned
+                return self.SCAN
+            raise OSError(err, f"{os.strerror(err)} (worker datapath)")
+        return int(rc)
+
+    def _pull_counts(self) -> None:
+        st, stats, r, c = self._st, self.loop.stats, self.dp.r, self.dp._counts
+        for field, key in _ROUND_COUNTS.items():
+            v = getattr(st, field)
+            if v:
+                stats[key] = stats.get(key, 0) + v
+                setattr(st, field, 0)
+        r.ignored += c.ignored
+        r.probes += c.probes
+        self.dp.scratch.overflow += c.overflow
+        c.ignored = c.probes = c.late = c.overflow = 0

@@ -121,8 +121,10 @@ def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size
     return out
 
 
-def dequantize_into(out: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, world_size: int, block_size: int) -> None:
-    """Write the decoded values of the flat int32 ``sums`` (every element) into flat ``out``.
+def dequantize_into(out: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, world_size: int,
+                    block_size: int) -> int | None:
+    """Write the decoded values of the flat int32 ``sums`` (every element) into flat ``out``;
+    return ``count_nonzero(sums)`` where the native kernel counted it in the same pass, else None.
 
     float32 output whose every block has ``E - P >= -126`` (all results normal or zero) takes a
     float32 path: int32 -> float32 rounds once (to nearest even) and the power-of-two scaling is
@@ -133,8 +135,7 @@ def dequantize_into(out: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, w
     shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - p)
     fast = out.dtype == torch.float32 and (shift.numel() == 0 or -126 <= int(shift.min()) <= int(shift.max()) <= 127)
     if fast and _native_float32(out, sums) and sums.dtype == torch.int32:
-        _native.dequantize32(sums.numpy(), block_size, _pow2(shift, torch.float32).numpy(), out.numpy())
-        return
+        return _native.dequantize32(sums.numpy(), block_size, _pow2(shift, torch.float32).numpy(), out.numpy())
     for (sl, dst), (_, src) in zip(_parts(out, block_size), _parts(sums, block_size), strict=True):
         if fast:
             dst.copy_(src)
@@ -146,3 +147,4 @@ def dequantize_into(out: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, w
         if bool((rest != 0).any()):
             x.mul_(_pow2(rest.clamp(-1000, 1000), torch.float64).unsqueeze(1))
         dst.copy_(x)
+    return None

@@ -9,7 +9,8 @@
  *                         with b = i / bs: the float32 grid words of _blocks.quantize, the same
  *                         float32 multiplications in the same order, round-half-even, the same clamp.
  *   homagg_dequantize32   out[i] = (float)sums[i] * factor[b]: int32 -> float32 rounds once (to
- *                         nearest even, as torch's copy_), the power-of-two factor is exact.
+ *                         nearest even, as torch's copy_), the power-of-two factor is exact;
+ *                         returns how many sums are nonzero (the result's union, in the same pass).
  *
  * Plain C, loaded with ctypes by homagg/codec/_native.py and compiled into the same library as
  * homagg/codec/_native_kernels.c (setup.py).  Every loop is written once and compiled twice
@@ -62,11 +63,15 @@ HOMAGG_CLONES void homagg_quantize32(const float *x, int64_t n, int64_t bs, cons
     }
 }
 
-HOMAGG_CLONES void homagg_dequantize32(const int32_t *sums, int64_t n, int64_t bs, const float *factor, float *out) {
+HOMAGG_CLONES int64_t homagg_dequantize32(const int32_t *sums, int64_t n, int64_t bs, const float *factor, float *out) {
+    int64_t nonzero = 0;
     for (int64_t b = 0, i0 = 0; i0 < n; b++, i0 += bs) {
         const int64_t end = i0 + bs < n ? i0 + bs : n;
         const float f = factor[b];
-        for (int64_t i = i0; i < end; i++)
+        for (int64_t i = i0; i < end; i++) {
             out[i] = (float)sums[i] * f;
+            nonzero += sums[i] != 0;
+        }
     }
+    return nonzero;
 }

@@ -39,7 +39,7 @@ def _load() -> ctypes.CDLL | None:
     lib.homagg_quantize32.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr]
     lib.homagg_quantize32.restype = None
     lib.homagg_dequantize32.argtypes = [ptr, i64, i64, ptr, ptr]
-    lib.homagg_dequantize32.restype = None
+    lib.homagg_dequantize32.restype = i64
     return lib
 
 
@@ -142,12 +142,13 @@ def quantize32(x: np.ndarray, block_size: int, f1: np.ndarray, f2: np.ndarray | 
                                None if f2 is None else f2.ctypes.data, limit, out.ctypes.data)
 
 
-def dequantize32(sums: np.ndarray, block_size: int, factor: np.ndarray, out: np.ndarray) -> None:
+def dequantize32(sums: np.ndarray, block_size: int, factor: np.ndarray, out: np.ndarray) -> int:
     """``out = sums.astype(float32) * factor[block]`` for contiguous int32 ``sums``, float32
-    ``out`` and one float32 factor per block."""
+    ``out`` and one float32 factor per block; returns ``count_nonzero(sums)`` (same pass)."""
     assert _LIB is not None and sums.dtype == np.int32 and sums.flags.c_contiguous
     assert out.dtype == np.float32 and out.flags.c_contiguous and out.size == sums.size
     factor = np.ascontiguousarray(factor, dtype=np.float32)
     _blocks_of(sums.size, block_size, factor, "dequantize32")
-    if sums.size:
-        _LIB.homagg_dequantize32(sums.ctypes.data, sums.size, block_size, factor.ctypes.data, out.ctypes.data)
+    if not sums.size:
+        return 0
+    return int(_LIB.homagg_dequantize32(sums.ctypes.data, sums.size, block_size, factor.ctypes.data, out.ctypes.data))

@@ -267,13 +267,16 @@ class Worker:
             nonzero = torch.nonzero(sums.any(dim=1)).squeeze(1)
             self.union = nonzero.numel()
             return self.result(nonzero, sums.index_select(0, nonzero))
-        self.union = int(torch.count_nonzero(sums.any(dim=1) if self.limbs > 1 else sums))
         out = self.target if self.target is not None else torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        counted = None  # the native float32 kernel counts the nonzero sums while it decodes them
         if self.is_float:
             assert self.exponents is not None
-            _blocks.dequantize_into(out, sums.reshape(-1), self.exponents, self.world_size, self.cfg.block_size)
+            counted = _blocks.dequantize_into(out, sums.reshape(-1), self.exponents, self.world_size,
+                                              self.cfg.block_size)
         else:
             out.copy_(_fixedpoint.from_limbs(sums, self.dtype))
+        self.union = counted if counted is not None and self.limbs == 1 else int(
+            torch.count_nonzero(sums.any(dim=1) if self.limbs > 1 else sums))
         return out
 
     def result(self, positions: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from homagg._cext import load_library
+from homagg.transport._sockets import set_udp_gro
 
 from .counters import DROP_REASONS
 from .state import JobState
@@ -51,7 +52,6 @@ log = logging.getLogger("homagg.switch")
 COUNTER_NAMES = ("rx", "tx", "accepted", "completed", "retransmit_answered") + tuple(
     "drop_" + r for r in DROP_REASONS if r != "injected")
 _BATCH, _STRIDE = 64, 65536 + 64
-UDP_GRO = 104  #: <linux/udp.h>: the socket accepts coalesced datagrams (homagg/_udpseg.h)
 
 
 class _Src(ctypes.Structure):
@@ -114,16 +114,6 @@ def _to_native(job: JobState) -> None:
     job.count = np.array(job.count, dtype=np.int32)  # type: ignore[assignment]
     job.key = KeyView(keys)  # type: ignore[assignment]
     job.regs = np.ascontiguousarray(job.regs, dtype=np.int32)
-
-
-def _set_gro(sock: socket.socket, on: bool) -> bool:
-    """UDP_GRO on ``sock`` (the C loop splits coalesced buffers; the Python engine could not, so
-    it is switched off again when the native loop stops).  False where the kernel has no UDP_GRO."""
-    try:
-        sock.setsockopt(socket.IPPROTO_UDP, UDP_GRO, int(on))
-    except OSError:
-        return False
-    return True
 
 
 def _ip(addr: str) -> int:
@@ -222,7 +212,7 @@ class NativeEngine:
         assert _LIB is not None
         switch.on_tables_changed = self.changed
         fd = sock.fileno()
-        gro = _set_gro(sock, True)
+        gro = set_udp_gro(sock, True)
         self._rebuild(switch)
         next_house = time.monotonic() + 0.5
         try:
@@ -249,7 +239,7 @@ class NativeEngine:
                     next_house = now + 0.5
         finally:
             if gro:
-                _set_gro(sock, False)
+                set_udp_gro(sock, False)  # the Python engine cannot split coalesced buffers
             switch.on_tables_changed = None
             self._sync_counters(switch)
             self._sync_jobs()

@@ -23,9 +23,9 @@ from homagg import wire
 from homagg.jobs import JobSpec
 from homagg.transport import CombineOp, Stream, UdpSwitchPort
 from homagg.transport._datapath import PyDatapath, Round
-from homagg.transport._fastpath import AVAILABLE, UDP_GRO, NativeDatapath, Scratch
+from homagg.transport._fastpath import AVAILABLE, NativeDatapath, Scratch
 from homagg.transport._roundloop import chunk_table
-from homagg.transport._sockets import PROBE_PREFIX
+from homagg.transport._sockets import PROBE_PREFIX, set_udp_gro
 from tests.test_transport_rto import FakeSwitch
 
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason="the native datapath was not built (no C compiler at install)")
@@ -141,7 +141,7 @@ def test_a_coalesced_buffer_of_results_counts_as_its_datagrams() -> None:
     for native in (False, True):
         a, b = _pair()
         if native:
-            a.setsockopt(socket.IPPROTO_UDP, UDP_GRO, 1)
+            assert set_udp_gro(a)
         rnd, _ = _round(native)
         dp = _datapath(rnd, a, native)
         dp.send([0, 1, 2, 3])

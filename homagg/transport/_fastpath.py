@@ -28,14 +28,13 @@ import numpy as np
 from .._cext import load_library
 from ..wire import VERSION
 from ._datapath import Round
-from ._sockets import PROBE_PREFIX, interface_of
+from ._sockets import PROBE_PREFIX, interface_of, set_udp_gro
 
 __all__ = ["AVAILABLE", "NativeDatapath", "NativeRound", "Scratch", "gso_default", "gso_env"]
 
 _BATCH = 64
 _STRIDE = 65536 + 64
 _SEGMENTS = 64  #: HG_GSO_MAX_SEGMENTS: results one coalesced buffer may hold
-UDP_GRO = 104  #: <linux/udp.h>
 _i64p = ctypes.POINTER(ctypes.c_int64)
 
 
@@ -136,7 +135,7 @@ class Scratch:
         self.events = np.empty(_BATCH * _SEGMENTS, dtype=np.int64)
         self.late = np.empty(3 * self.events.size, dtype=np.int64)
         self.gso = ctypes.c_int32(int(gso))
-        self.gro = all([_set_gro(s) for s in socks])
+        self.gro = all([set_udp_gro(s) for s in socks])
         self.overflow = 0
 
     @classmethod
@@ -144,14 +143,6 @@ class Scratch:
         """A port's: its unicast socket ``sock`` (connected to the switch), its result group's
         ``msock`` if any; ``gso`` None: :func:`gso_default`."""
         return cls([s for s in (sock, msock) if s is not None], gso_default(sock) if gso is None else gso)
-
-
-def _set_gro(sock: socket.socket) -> bool:
-    try:
-        sock.setsockopt(socket.IPPROTO_UDP, UDP_GRO, 1)
-    except OSError:  # a kernel before 5.0: one datagram per buffer, as without it
-        return False
-    return True
 
 
 def _addr(buf: object) -> int:

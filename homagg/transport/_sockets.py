@@ -38,10 +38,11 @@ import numpy as np
 from .._errors import ConfigError
 from ._errmap import transport_error
 
-__all__ = ["BUFFER_BYTES", "PROBE_PREFIX", "set_buffers", "link_mtu", "interface_of", "send_datagram", "multicast_group", "enable_multicast_send", "join_group",
+__all__ = ["BUFFER_BYTES", "PROBE_PREFIX", "UDP_GRO", "set_buffers", "set_udp_gro", "link_mtu", "interface_of", "send_datagram", "multicast_group", "enable_multicast_send", "join_group",
            "join_results_group"]
 
 BUFFER_BYTES = 32 << 20
+UDP_GRO = 104  #: <linux/udp.h>: the socket accepts coalesced datagrams (homagg/_udpseg.h)
 PROBE_PREFIX = b"homagg-group-probe:"  #: a probe datagram: this prefix + the worker's nonce (not a homagg packet)
 PROBE_WAIT_S = 1.0
 
@@ -59,6 +60,17 @@ def set_buffers(sock: socket.socket, nbytes: int = BUFFER_BYTES, send: bool = Tr
                 sock.setsockopt(socket.SOL_SOCKET, plain, nbytes)
             except OSError:
                 pass
+
+
+def set_udp_gro(sock: socket.socket, on: bool = True) -> bool:
+    """UDP_GRO on (or off) for ``sock``: a receive may then hand over several datagrams of one flow
+    in one buffer, which only the C loops split (the worker's datapath, the emulator's native
+    engine).  False where the kernel has no UDP_GRO (before 5.0): one datagram per buffer, as without."""
+    try:
+        sock.setsockopt(socket.IPPROTO_UDP, UDP_GRO, int(on))
+    except OSError:
+        return False
+    return True
 
 
 def multicast_group(job_id: int, port: int) -> tuple[str, int]:

@@ -29,6 +29,10 @@ of the result group), ``rounds``, ``rtt_samples``, ``rto_backoffs``, ``srtt_us``
 ``cwnd``, ``window_cuts``, ``window_undos``, ``send_stalls`` (sends that found the send buffer
 full: the rest waited for room), ``gso`` (native: runs of chunks leave as UDP GSO messages).
 
+Where the native datapath was built, the per-result part of this protocol runs in C
+(:mod:`._roundloop`: ``homagg/transport/_fastround.c``), the timer scan, liveness and errors in
+Python; ``native=False`` (or ``HOMAGG_NATIVE=0``) runs all of it in Python, the reference.
+
 Result arrays of the last two rounds are reused once unreferenced (:func:`homagg._buffers.spare_int32`).
 
 Never hangs: when no chunk completes for ``timeout`` seconds, :class:`~homagg.SwitchTimeoutError`

@@ -213,11 +213,13 @@ def _units(sweep: dict[str, Any], isolate: bool) -> list[tuple[int, str, str | N
 
 
 def _measure(sweep: dict[str, Any], args: argparse.Namespace, machine: dict[str, Any],
-             launch: Callable[..., list[list[str]]] = launch_ranks, title: str = "bench allreduce") -> list[dict[str, Any]]:
+             launch: Callable[..., list[list[str]]] = launch_ranks, title: str = "bench allreduce",
+             codec_defaults: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Run every launch with a progress bar; return the records (speedups filled in).
 
     ``launch`` has :func:`~homagg.bench._ranks.launch_ranks`'s signature (``homagg bench net``
-    passes one that starts each rank in its network namespace)."""
+    passes one that starts each rank in its network namespace, and ``codec_defaults``: the links'
+    rate for ``auto``'s cost model, under the user's ``--codec``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     units = _units(sweep, args.isolate)
@@ -229,7 +231,7 @@ def _measure(sweep: dict[str, Any], args: argparse.Namespace, machine: dict[str,
         for world, backend, scheme, numels, densities in units:
             name = backend if scheme is None else f"homagg/{scheme}"
             bar.update(task, description=f"{name} world={world}")
-            codec = dict(args.codec) if backend == "homagg" else {}
+            codec = {**(codec_defaults or {}), **args.codec} if backend == "homagg" else {}
             cmd = [sys.executable, "-m", "homagg", "bench", "allreduce", "--_worker", "--_backend", backend,
                    "--_scheme", scheme or "", "--numel", ",".join(map(str, numels)),
                    "--density", ",".join(map(repr, densities)), "--repeats", str(sweep["repeats"]),

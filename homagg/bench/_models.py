@@ -91,6 +91,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--_method", default="gloo", help=argparse.SUPPRESS)
+    parser.add_argument("--_codec", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--_scheme", default="auto", help=argparse.SUPPRESS)
     parser.add_argument("--_models", type=_names, default=None, help=argparse.SUPPRESS)
 
@@ -129,6 +130,12 @@ def _merge(lines: list[dict[str, Any]], world: int, bw: float | None, iterations
             "retransmits": sum(ln.get("comm_counters", {}).get("port:retransmits", 0) for ln in lines)}
 
 
+def link_codec(args: argparse.Namespace) -> dict[str, float]:
+    """Codec options of the homagg ranks: on shaped links, ``auto``'s cost model is told their rate
+    (``bandwidth_gbps``), as a user of such links would set it; on loopback, the defaults."""
+    return {} if args.loopback else {"bandwidth_gbps": args.bw / 1000}
+
+
 def _measure(args: argparse.Namespace, models: list[str], methods: list[str], machine: dict[str, Any]) -> list[dict[str, Any]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -152,6 +159,7 @@ def _measure(args: argparse.Namespace, models: list[str], methods: list[str], ma
                        "--_models", ",".join(names), "--iterations", str(args.iterations), "--warmup",
                        str(args.warmup), "--seed", str(args.seed), "--timeout", str(args.timeout)]
                 cmd += (["--quick"] if args.quick else []) + (["--batch", str(args.batch)] if args.batch else [])
+                cmd += ["--_codec", json.dumps(link_codec(args))]
 
                 def progress(rank: int, line: str) -> None:
                     if rank == 0 and RECORD_MARK in line:
@@ -210,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
     records = _measure(args, models, methods, machine)
     links = ("loopback, not shaped" if args.loopback
              else f"tc tbf {args.bw:g} Mbit/s per direction, MTU {args.mtu}; no delay or loss; "
-                  f"results by {args.replication}")
+                  f"results by {args.replication}; homagg codec: bandwidth_gbps={args.bw / 1000:g} (the links' "
+                  f"rate, for auto's cost model)")
     report = {"benchmark": "models", "quick": args.quick, "world": args.world, "links": links, "machine": machine,
               "iterations": args.iterations, "warmup": args.warmup, "wall_s": round(time.monotonic() - started, 1),
               "records": records}

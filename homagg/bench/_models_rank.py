@@ -304,7 +304,8 @@ def rank_main(args: argparse.Namespace) -> int:
     backend = METHODS[method][0]
     options: dict[str, Any] | None = None
     if backend == "homagg":
-        options = {"scheme": args._scheme, **({"compress": COMPRESS[method]} if method in COMPRESS else {})}
+        options = {"scheme": args._scheme, **({"compress": COMPRESS[method]} if method in COMPRESS else {}),
+                   **({"codec": json.loads(args._codec)} if args._codec != "{}" else {})}
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout), pg_options=options)
     try:
         pg = dist.distributed_c10d._get_default_group()

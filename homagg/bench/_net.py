@@ -138,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
         for world in sweep["world"]:
             with StarNet(world, bw, args.mtu, args.replication) as net:
                 one = {**sweep, "world": [world]}
-                found = _measure(one, args, machine, launch=net.launch, title=f"bench net {bw:g} Mbit/s")
+                found = _measure(one, args, machine, launch=net.launch, title=f"bench net {bw:g} Mbit/s",
+                                 codec_defaults={"bandwidth_gbps": bw / 1000})
             records += [_with_limits(r, bw, args.mtu, args.replication) for r in found]
     links = (f"tc tbf rate per direction, MTU {args.mtu} ({words_for_mtu(args.mtu)} words per homagg datagram); "
              f"no delay or loss (no netem here); results by {args.replication}; "
@@ -146,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
     report = {"benchmark": "net", "links": links, "mtu": args.mtu, "replication": args.replication,
               "bw_mbit": bws, "sweep": sweep, "machine": machine, "codec": args.codec,
               "wall_s": round(time.monotonic() - started, 1), "records": records}
-    codec = ", ".join(f"{k}={v}" for k, v in args.codec.items()) or "defaults"
+    codec = ", ".join(["bandwidth_gbps = the links' rate (auto's cost model)"]
+                      + [f"{k}={v}" for k, v in args.codec.items()])
     header = (f"machine: {machine['platform']}, {machine['cpus']} cpus; {load_range(records)}; "
               f"{sweep['repeats']} repeats, medians of the slowest rank; links: {links}; homagg codec: {codec}; "
               f"wall {report['wall_s']} s")

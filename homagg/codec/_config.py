@@ -28,6 +28,13 @@ class CodecConfig:
     rtt_us           round-trip time assumed by ``auto``'s cost model.
     peel_ns          decode time per distinct nonzero of the sketch's peeling, in ``auto``'s cost
                      model (~280 ns measured at a 900k union on a 2-core VM; 0 ignores CPU).
+    dense_ns         encode + decode time per element of the dense continuation, in ``auto``'s
+                     cost model (native fixed point: ~2.1 ns measured, 25M fp32, one core of VM C).
+    compact_ns       encode + decode time per union element of compact (values gathered at the
+                     union, quantised, scattered back: 28 ns at a 10% density, 50 ns at 60%,
+                     measured as ``dense_ns``).  With both, ``auto`` picks dense where compact's
+                     bytes saved cost more CPU than they save wire time (e.g. VGG19's 60%-dense
+                     gradients on 1 Gbit/s links).
     seed             hash seed (cells and signs of the sketch).
     bitmap_levels    compact's bitmap: 1 (every word), 2 (a bitmap of the nonzero words first, then
                      only the words the union holds: one more round, far fewer words at low
@@ -45,6 +52,8 @@ class CodecConfig:
     bandwidth_gbps: float = 10.0
     rtt_us: float = 100.0
     peel_ns: float = 300.0
+    dense_ns: float = 2.0
+    compact_ns: float = 30.0
     seed: int = 0x5EED
     segment: int = 1 << 23
     bitmap_levels: int | None = None
@@ -62,8 +71,9 @@ class CodecConfig:
             raise ConfigError(f"union_sample must be a positive int, got {self.union_sample!r}")
         if self.bitmap_levels not in (None, 1, 2) or isinstance(self.bitmap_levels, bool):
             raise ConfigError(f"bitmap_levels must be 1, 2 or None (cost model), got {self.bitmap_levels!r}")
-        if not self.peel_ns >= 0:
-            raise ConfigError(f"peel_ns must be >= 0, got {self.peel_ns!r}")
+        for name in ("peel_ns", "dense_ns", "compact_ns"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not self.bandwidth_gbps > 0 or not self.rtt_us >= 0:
             raise ConfigError(f"need bandwidth_gbps > 0 and rtt_us >= 0, got {self.bandwidth_gbps}, {self.rtt_us}")
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**31:

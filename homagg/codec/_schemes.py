@@ -67,10 +67,11 @@ Protocol = Generator[Round, list[torch.Tensor], torch.Tensor]
 def choose(numel: int, union_estimate: float, limbs: int, cfg: CodecConfig) -> str:
     """``auto``'s choice once the union size is estimated (or remembered).
 
-    Cost of a continuation = bytes on the wire / bandwidth + further rounds * RTT, with
-    dense: ``4nL`` bytes, 1 round; sketch: ``n/8 + 4cL`` bytes (c cells), 1 round (a repair round
-    is rare at the configured overhead) plus ``U * peel_ns`` of peeling; compact: ``n/8 + 4UL``
-    bytes, 2 rounds (its bitmap must come back before values can be placed).  Measured on
+    Cost of a continuation = bytes on the wire / bandwidth + further rounds * RTT + codec CPU, with
+    dense: ``4nL`` bytes, 1 round, ``n * dense_ns``; sketch: ``n/8 + 4cL`` bytes (c cells), 1 round
+    (a repair round is rare at the configured overhead) plus ``U * peel_ns`` of peeling; compact:
+    ``n/8 + 4UL`` bytes, 2 rounds (its bitmap must come back before values can be placed),
+    ``U * compact_ns``.  Measured on
     loopback, the peeling term decides: a 2-rank sparse embedding all_reduce (200k x 32, 512
     rows) took 23 ms with compact and 39-51 ms with sketch.  Ties go to the simpler scheme.  The inputs are
     agreed by all workers, so every worker chooses the same continuation.
@@ -79,8 +80,9 @@ def choose(numel: int, union_estimate: float, limbs: int, cfg: CodecConfig) -> s
     rtt = cfg.rtt_us * 1e-6
     cells = cfg.sketch_cells or _sketch.sketch_cells(union_estimate, cfg.sketch_overhead)
     costs = {
-        "dense": 4 * numel * limbs / bandwidth + rtt,
-        "compact": 4 * union_estimate * limbs / bandwidth + _bitmap_cost(numel, union_estimate, cfg)[0],
+        "dense": 4 * numel * limbs / bandwidth + rtt + numel * cfg.dense_ns * 1e-9,
+        "compact": (4 * union_estimate * limbs / bandwidth + _bitmap_cost(numel, union_estimate, cfg)[0]
+                    + union_estimate * cfg.compact_ns * 1e-9),
         "sketch": (numel / 8 + 4 * cells * limbs) / bandwidth + rtt + union_estimate * cfg.peel_ns * 1e-9,
     }
     return min(costs, key=lambda k: costs[k])

@@ -22,7 +22,7 @@ from __future__ import annotations
 import select
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,9 +31,6 @@ from ..wire import FLAG_RETRANSMIT, TAG_MASK, set_flags
 from ._base import Stream
 from ._datapath import Round
 from ._stall import stall_error
-
-if TYPE_CHECKING:
-    from ._udp import UdpSwitchPort
 
 __all__ = ["RoundLoop", "DUPTHRESH", "SCAN_SLICE_S"]
 
@@ -44,9 +41,10 @@ SCAN_SLICE_S = 0.005
 
 
 class RoundLoop:
-    """Runs one round of ``port`` over ``rnd`` with datapath ``dp``; see the module docstring."""
+    """Runs one round of ``port`` (a :class:`~homagg.transport.UdpSwitchPort`, whose timers, window
+    and counters it updates) over ``rnd`` with datapath ``dp``; see the module docstring."""
 
-    def __init__(self, port: UdpSwitchPort, rnd: Round, dp: Any, streams: Sequence[Stream]) -> None:
+    def __init__(self, port: Any, rnd: Round, dp: Any, streams: Sequence[Stream]) -> None:
         self.port, self.r, self.dp, self.streams = port, rnd, dp, streams
         self.stats = port.stats
         #: chunks of stream 0 (the first rows of the table) still to complete, when it has a verifier

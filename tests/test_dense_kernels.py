@@ -77,8 +77,30 @@ def test_native_quantize_equals_the_index_path(seed, n, block, world) -> None:
     x = _wide_float32(seed, n, block)
     exps = _blocks.exponents(x, block)
     idx = torch.arange(n)
-    want = _fixedpoint.quantize(idx, x.to(torch.float64), exps, block, world)
+    want = _torch_path(_fixedpoint.quantize, idx, x.to(torch.float64), exps, block, world)
     assert torch.equal(_blocks.quantize(x, exps, world, block), want)
+    assert torch.equal(_fixedpoint.quantize(idx, x.to(torch.float64), exps, block, world), want)
+
+
+@needs_native
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 5000), block=st.sampled_from([1, 7, 1024]),
+       world=st.sampled_from([2, 4, 1000]), density=st.sampled_from([0.01, 0.3, 1.0]), wide=st.booleans())
+def test_native_quantize_at_positions_equals_the_torch_path(seed, n, block, world, density, wide) -> None:
+    """Compact's and sketch's grid words (values at sorted positions, float64, under agreed or
+    guessed exponents): the C pass gives the torch steps' int32 bits, the second factor included
+    (float64 values below 2**-1000 need it)."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.nonzero(torch.rand(n, generator=g) < density).squeeze(1)
+    span = 2100 if wide else 60
+    v = torch.randn(idx.numel(), generator=g, dtype=torch.float64) * torch.pow(
+        2.0, torch.randint(-span // 2, span // 2, (idx.numel(),), generator=g).double().clamp(-1070, 1000))
+    v[v == 0] = 1.0
+    exps = _fixedpoint.block_exponents(idx, v, n, block)
+    guess = (exps.to(torch.int64) - torch.randint(0, 3, exps.shape, generator=g)).clamp(-1100, 1100).to(torch.int32)
+    for e in (exps, torch.where(exps == _fixedpoint.EMPTY_EXPONENT, exps, guess)):  # a too small guess: the clamp
+        want = _torch_path(_fixedpoint.quantize, idx, v, e, block, world)
+        assert torch.equal(_fixedpoint.quantize(idx, v, e, block, world), want)
 
 
 @needs_native

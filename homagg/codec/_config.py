@@ -31,8 +31,8 @@ class CodecConfig:
     dense_ns         encode + decode time per element of the dense continuation, in ``auto``'s
                      cost model (native fixed point: ~2.1 ns measured, 25M fp32, one core of VM C).
     compact_ns       encode + decode time per union element of compact (values gathered at the
-                     union, quantised, scattered back: 28 ns at a 10% density, 50 ns at 60%,
-                     measured as ``dense_ns``).  With both, ``auto`` picks dense where compact's
+                     union, quantised, scattered back: ~20 ns at a 10% and a 60% density, measured
+                     as ``dense_ns``; 28 and 50 ns before quantising at positions was native).  With both, ``auto`` picks dense where compact's
                      bytes saved cost more CPU than they save wire time (e.g. VGG19's 60%-dense
                      gradients on 1 Gbit/s links).
     seed             hash seed (cells and signs of the sketch).
@@ -53,7 +53,7 @@ class CodecConfig:
     rtt_us: float = 100.0
     peel_ns: float = 300.0
     dense_ns: float = 2.0
-    compact_ns: float = 30.0
+    compact_ns: float = 20.0
     seed: int = 0x5EED
     segment: int = 1 << 23
     bitmap_levels: int | None = None

@@ -8,6 +8,9 @@
  *   homagg_quantize32     out[i] = (int32)clamp(nearbyintf(x[i] * f1[b] (* f2[b])), -limit, limit)
  *                         with b = i / bs: the float32 grid words of _blocks.quantize, the same
  *                         float32 multiplications in the same order, round-half-even, the same clamp.
+ *   homagg_quantize_at64  out[i] = clamp(round_half_even(v[i] * f1[b] (* f2[b])), -limit, limit),
+ *                         b = idx[i] / bs: float64 values at sorted flat positions (compact's and
+ *                         sketch's local nonzeros), the products in float64 as the torch code does.
  *   homagg_dequantize32   out[i] = (float)sums[i] * factor[b]: int32 -> float32 rounds once (to
  *                         nearest even, as torch's copy_), the power-of-two factor is exact;
  *                         returns how many sums are nonzero (the result's union, in the same pass).
@@ -60,6 +63,18 @@ HOMAGG_CLONES void homagg_quantize32(const float *x, int64_t n, int64_t bs, cons
             for (int64_t i = i0; i < end; i++)
                 out[i] = (int32_t)clamp_limit(nearbyintf(x[i] * a), limit);
         }
+    }
+}
+
+HOMAGG_CLONES void homagg_quantize_at64(const int64_t *idx, const double *v, int64_t k, int64_t bs,
+                                        const double *f1, const double *f2, double limit, int32_t *out) {
+    for (int64_t i = 0; i < k; i++) {
+        const int64_t b = idx[i] / bs;
+        double x = v[i] * f1[b];
+        if (f2)
+            x *= f2[b];
+        x = nearbyint(x);
+        out[i] = (int32_t)(x < -limit ? -limit : (x > limit ? limit : x));
     }
 }
 

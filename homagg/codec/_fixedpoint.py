@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from .._errors import InputError, IntegerOverflowError, NonFiniteError
+from . import _native
 
 __all__ = [
     "float32_factors",
@@ -159,6 +160,11 @@ def quantize(idx: torch.Tensor, values: torch.Tensor, exponents: torch.Tensor, b
     # No value lies in a block whose exponent is EMPTY; keep its (unused) shift in range.
     shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), p - e)
     limit = float(2**p - 1)
+    if (_native.AVAILABLE and idx.device.type == "cpu" and values.dtype == torch.float64 and idx.dtype == torch.int64
+            and idx.is_contiguous() and values.is_contiguous()):  # one pass in C, the same float64 steps
+        f1, f2 = _block_factors(shift)
+        return torch.from_numpy(_native.quantize_at64(idx.numpy(), values.numpy(), block_size, f1.numpy(),
+                                                      None if f2 is None else f2.numpy(), limit))
     q = torch.round(_scale_by_block(values, _block_of(idx, block_size), shift)).clamp_(-limit, limit)
     return q.to(torch.int32)
 

@@ -16,7 +16,7 @@ import numpy as np
 from .._cext import load_library
 
 __all__ = ["AVAILABLE", "pack32", "set_bits32", "bit_ranks32", "gather32", "decode_into32", "block_peaks32",
-           "quantize32", "dequantize32"]
+           "quantize32", "quantize_at64", "dequantize32"]
 
 
 def _load() -> ctypes.CDLL | None:
@@ -38,6 +38,8 @@ def _load() -> ctypes.CDLL | None:
     lib.homagg_block_peaks32.restype = i64
     lib.homagg_quantize32.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr]
     lib.homagg_quantize32.restype = None
+    lib.homagg_quantize_at64.argtypes = [ptr, ptr, i64, i64, ptr, ptr, ctypes.c_double, ptr]
+    lib.homagg_quantize_at64.restype = None
     lib.homagg_dequantize32.argtypes = [ptr, i64, i64, ptr, ptr]
     lib.homagg_dequantize32.restype = i64
     return lib
@@ -140,6 +142,24 @@ def quantize32(x: np.ndarray, block_size: int, f1: np.ndarray, f2: np.ndarray | 
     if x.size:
         _LIB.homagg_quantize32(x.ctypes.data, x.size, block_size, f1.ctypes.data,
                                None if f2 is None else f2.ctypes.data, limit, out.ctypes.data)
+
+
+def quantize_at64(idx: np.ndarray, values: np.ndarray, block_size: int, f1: np.ndarray, f2: np.ndarray | None,
+                  limit: float) -> np.ndarray:
+    """int32 ``clamp(round_half_even(values * f1[blk] (* f2[blk])), -limit, limit)``, ``blk =
+    idx // block_size``, for contiguous int64 positions ``idx`` and float64 ``values`` and per-block
+    float64 factors (every ``blk`` must index them)."""
+    assert _LIB is not None and idx.dtype == np.int64 and values.dtype == np.float64
+    assert idx.flags.c_contiguous and values.flags.c_contiguous and idx.size == values.size
+    f1 = np.ascontiguousarray(f1, dtype=np.float64)
+    f2 = None if f2 is None else np.ascontiguousarray(f2, dtype=np.float64)
+    out = np.empty(idx.size, dtype=np.int32)
+    if idx.size:
+        if int(idx[-1]) // block_size >= f1.size or int(idx[0]) < 0 or (f2 is not None and f2.size != f1.size):
+            raise ValueError("quantize_at64: a position outside the blocks' factors")
+        _LIB.homagg_quantize_at64(idx.ctypes.data, values.ctypes.data, idx.size, block_size, f1.ctypes.data,
+                                  None if f2 is None else f2.ctypes.data, limit, out.ctypes.data)
+    return out
 
 
 def dequantize32(sums: np.ndarray, block_size: int, factor: np.ndarray, out: np.ndarray) -> int:

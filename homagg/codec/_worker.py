@@ -115,13 +115,14 @@ class Worker:
     @property
     def local_exponents(self) -> torch.Tensor | None:
         """int32 exponent of each block's largest local magnitude (None for integers); computed on
-        first use from the index list when it exists (O(nnz)), else by one pass over the dense
-        tensor (:func:`homagg.codec._blocks.exponents`) — the two are equal bit for bit.
+        first use from the index list when it exists and holds under 1/16 of the elements (O(nnz),
+        ~20 ns each), else by one pass over the dense tensor (:func:`homagg.codec._blocks.exponents`,
+        ~1 ns per element native) — the two are equal bit for bit.
 
         Raises :class:`~homagg.NonFiniteError` for NaN/Inf input (before anything is sent: every
         protocol asks for it, or for :attr:`idx`, before its first round)."""
         if self._local_exponents is None and self.is_float:
-            if self._idx is not None:
+            if self._idx is not None and (self.flat is None or 16 * self._idx.numel() < self.numel):
                 _fixedpoint.check_finite(self.raw)
                 self._local_exponents = _fixedpoint.block_exponents(self._idx, self.raw, self.numel,
                                                                     self.cfg.block_size)

@@ -89,12 +89,31 @@ def test_jump_by_two_to_the_twenty_redoes_and_stays_exact(scheme: str) -> None:
     ws = Workers(3)
     xs = sparse(3, 20000, 0.05, seed=2)
     ws.call(xs, scheme)
-    for scale in (2.0**20, 2.0**-20, 1.0):
+    ws.call(xs, scheme)  # the exponents held still: the next call guesses
+    for i, scale in enumerate((2.0**20, 2.0**-20, 1.0)):
         ys = [x * scale for x in xs]
         outs, stats = ws.call(ys, scheme)
         assert_same_as_fresh(outs, ys, scheme)
-        if scheme in ("dense", "sketch"):
+        if scheme in ("dense", "sketch") and i == 0:
             assert stats[0].redos == 1 and stats[0].redone > 0 and stats[0].rounds == 2
+        elif scheme in ("dense", "sketch"):  # every block moved last time: exponents agreed first, no redo
+            assert stats[0].redos == 0 and stats[0].rounds == 2
+
+
+def test_guessing_stops_while_exponents_move_and_resumes_when_they_hold() -> None:
+    """A guess pays only if few blocks move: after a call where most did, the next agrees its
+    exponents in a round of its own (2 rounds, nothing redone); once they hold, one round again."""
+    ws = Workers(2)
+    xs = sparse(2, 40000, 1.0, seed=5)
+    ws.call(xs, "dense")
+    rounds = []
+    for scale in (2.0**3, 2.0**6, 2.0**6, 2.0**6):
+        ys = [x * scale for x in xs]
+        outs, stats = ws.call(ys, "dense")
+        assert_same_as_fresh(outs, ys, "dense")
+        rounds.append((stats[0].rounds, stats[0].redos))
+    # moved (guess, redo) / moved again (no guess) / held (no guess: the last call moved) / held (guess)
+    assert rounds == [(2, 1), (2, 0), (2, 0), (1, 0)]
 
 
 def test_redo_carries_only_the_blocks_that_moved() -> None:

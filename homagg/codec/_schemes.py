@@ -50,7 +50,7 @@ from collections.abc import Generator, Hashable
 
 import torch
 
-from . import _bitmap, _descriptor, _sketch
+from . import _bitmap, _descriptor, _fixedpoint, _sketch
 from ._config import CodecConfig, check_scheme
 from .._errors import ProtocolError
 from ._history import Agreed, History
@@ -139,8 +139,26 @@ def run(w: Worker, scheme: str, stats: WorkerStats, history: History | None = No
     body = _first_call(w, scheme, stats) if prior is None else _steady(w, scheme, stats, prior)
     flat = yield from _described(body, w, scheme, stats)
     if history is not None:
-        history.put(slot, Agreed(w.exponents, w.union))
+        history.put(slot, Agreed(w.exponents, w.union, _changed(prior, w.exponents)))
     return flat
+
+
+def _changed(prior: Agreed | None, agreed: torch.Tensor | None) -> float:
+    """Fraction of the blocks holding a value in both calls whose agreed exponent moved since
+    ``prior`` (the blocks a guess redoes; a block filled afresh is guessed right by a worker
+    holding it alone, as embedding rows are)."""
+    if prior is None or prior.exponents is None or agreed is None or prior.exponents.shape != agreed.shape:
+        return 0.0
+    held = (agreed != _fixedpoint.EMPTY_EXPONENT) & (prior.exponents != _fixedpoint.EMPTY_EXPONENT)
+    n = int(held.sum())
+    return float(((agreed != prior.exponents) & held).sum()) / n if n else 0.0
+
+
+def _guess_pays(w: Worker, prior: Agreed) -> bool:
+    """Quantise under the previous exponents (and redo what moved) rather than agree exponents in a
+    round of their own: when the previous call's moved blocks, redone, would carry fewer words
+    than an exponent round (one per block).  Agreed inputs: every worker decides alike."""
+    return prior.changed * w.numel * w.limbs <= w.blocks
 
 
 def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats) -> Protocol:
@@ -223,7 +241,7 @@ def _steady(w: Worker, scheme: str, stats: WorkerStats, prior: Agreed) -> Protoc
     previous = prior.exponents if w.is_float else None
     if previous is not None and previous.numel() != w.blocks:  # pragma: no cover - the key includes numel
         previous = None
-    if w.is_float and previous is None:
+    if w.is_float and (previous is None or not _guess_pays(w, prior)):
         return (yield from _first_call(w, scheme, stats))
     guess = w.guess(previous) if previous is not None else None
     if guess is None:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from homagg import wire
+from homagg import ProtocolError, wire
 from homagg.jobs import JobSpec
 from homagg.transport import CombineOp, Stream, UdpSwitchPort
 from homagg.transport._datapath import PyDatapath, Round
@@ -181,3 +181,28 @@ def test_a_port_gives_the_same_results_and_wire_bytes_either_way(words: int, gso
         wires[native] = sorted(fake.received)
     assert torch.equal(got[True], x) and torch.equal(got[False], x)
     assert wires[True] == wires[False]
+
+
+@pytest.mark.parametrize("native", [False, True])
+@pytest.mark.parametrize("streams", [1, 2])
+def test_stream_zero_is_verified_by_either_loop(native: bool, streams: int) -> None:
+    """``Stream.verify`` runs once on stream 0's combined words, also when its last chunk
+    completes the round (a single stream); a verifier that raises abandons the round at once."""
+    fake = FakeSwitch(lambda i, h: [(0.0, 1)])
+    seen: list[torch.Tensor] = []
+    words = torch.arange(1, 301, dtype=torch.int32)
+    try:
+        with UdpSwitchPort(fake.addr, rank=0, job_id=1, world_size=1, n_slots=8, words_per_packet=16,
+                           timeout=10.0, native=native) as port:
+            rnd = [Stream("x", CombineOp.ADD, words, verify=lambda w: seen.append(w.clone()))]
+            rnd += [Stream("y", CombineOp.MAX, words * 2)] * (streams - 1)
+            outs = port.combine(rnd)
+
+            def refuse(w: torch.Tensor) -> None:
+                raise ProtocolError("ranks out of step")
+
+            with pytest.raises(ProtocolError, match="out of step"):
+                port.combine([Stream("x", CombineOp.ADD, words, verify=refuse)] + rnd[1:])
+    finally:
+        fake.close()
+    assert torch.equal(outs[0], words) and len(seen) == 1 and torch.equal(seen[0], words)

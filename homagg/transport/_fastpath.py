@@ -28,6 +28,7 @@ import numpy as np
 from .._cext import load_library
 from ..wire import VERSION
 from ._datapath import Round
+from ._errmap import transport_error
 from ._sockets import PROBE_PREFIX, interface_of, set_udp_gro
 
 __all__ = ["AVAILABLE", "NativeDatapath", "NativeRound", "Scratch", "gso_default", "gso_env"]
@@ -232,7 +233,8 @@ class NativeRound:
                                                    port._last_retx)])
         sc = dp.scratch
         self._ids = np.empty(max(1, r.nslot), dtype=np.int64)  # a window's chunk ids (at most n_slots)
-        self._bufs = _Bufs(r.bufs.ctypes.data, r.stride, sc.rbuf.ctypes.data, _STRIDE, sc.events.ctypes.data,
+        self._events = np.empty(2 * sc.events.size, dtype=np.int64)  # one batch's room per socket
+        self._bufs = _Bufs(r.bufs.ctypes.data, r.stride, sc.rbuf.ctypes.data, _STRIDE, self._events.ctypes.data,
                            sc.events.size, sc.late.ctypes.data, self._ids.ctypes.data, ctypes.addressof(dp._probe),
                            len(PROBE_PREFIX), ctypes.addressof(sc.gso))
         st.backlog = 1  # the first step fills the window
@@ -261,7 +263,9 @@ class NativeRound:
             err = -rc
             if err == errno.ECONNREFUSED:  # counted in C; never returned
                 return self.SCAN
-            raise OSError(err, f"{os.strerror(err)} (worker datapath)")
+            port = loop.port
+            raise transport_error(OSError(err, os.strerror(err)), f"job {port.job.job_id} worker {port.rank}: "
+                                  f"exchanging datagrams with {port.switch_addr}")
         return int(rc)
 
     def _pull_counts(self) -> None:

@@ -65,7 +65,7 @@ typedef struct {
     int64_t stride;
     uint8_t *rbuf;          /* receive buffers, ``rstride`` bytes apart */
     int64_t rstride;
-    int64_t *events, max_events, *late, *ids;
+    int64_t *events, max_events, *late, *ids;  /* events: room for 2 * max_events (one per socket) */
     const uint8_t *probe;
     int64_t probe_len;
     int32_t *gso;
@@ -180,13 +180,13 @@ static void late_result(const hg_job *job, hg_round *r, hg_slots *sl, int64_t s,
     }
 }
 
-/* Drain ``fd``: completed chunks appended to events[*nev...], late copies handled.  0 or -errno
- * (ECONNREFUSED is counted, not returned). */
+/* Drain ``fd``: completed chunks appended to events[*nev .. limit), late copies handled.  0 or
+ * -errno (ECONNREFUSED is counted, not returned). */
 static int64_t drain(int fd, const hg_job *job, const hg_chunks *ch, hg_round *r, hg_slots *sl, uint8_t *completed,
-                     const hg_bufs *b, int64_t *nev, hg_recv_counts *counts) {
-    while (*nev < b->max_events) {
+                     const hg_bufs *b, int64_t *nev, int64_t limit, hg_recv_counts *counts) {
+    while (*nev < limit) {
         int64_t nlate = 0;
-        int64_t n = homagg_fp_recv(fd, job, ch, r->total, sl->cur, completed, b->events + *nev, b->max_events - *nev,
+        int64_t n = homagg_fp_recv(fd, job, ch, r->total, sl->cur, completed, b->events + *nev, limit - *nev,
                                    b->late, &nlate, b->rbuf, b->rstride, b->probe, b->probe_len, counts);
         *nev += n;
         for (int64_t i = 0; i < nlate; i++)
@@ -211,13 +211,15 @@ int64_t homagg_fp_run(int fd, int mfd, const hg_job *job, const hg_chunks *ch, h
                       uint8_t *completed, const hg_bufs *b, hg_recv_counts *counts, double until) {
     int64_t rc;
     r->nsamples = 0;
+    if (r->done >= r->total)
+        return HG_RUN_DONE;
     if (r->backlog && (rc = fill(fd, job, ch, r, sl, b, mono())) < 0)
         return rc;
     for (;;) {
-        int64_t nev = 0;
-        if ((rc = drain(fd, job, ch, r, sl, completed, b, &nev, counts)) < 0)
+        int64_t nev = 0;  /* each socket gets max_events of room (events holds twice that), as in Python */
+        if ((rc = drain(fd, job, ch, r, sl, completed, b, &nev, b->max_events, counts)) < 0)
             return rc;
-        if (mfd >= 0 && (rc = drain(mfd, job, ch, r, sl, completed, b, &nev, counts)) < 0)
+        if (mfd >= 0 && (rc = drain(mfd, job, ch, r, sl, completed, b, &nev, nev + b->max_events, counts)) < 0)
             return rc;
         int verify_now = 0;
         double now = mono();
@@ -252,6 +254,10 @@ int64_t homagg_fp_run(int fd, int mfd, const hg_job *job, const hg_chunks *ch, h
             r->done += nev;
             r->results += nev;
             r->last_progress = now;
+            if (verify_now) {  /* before anything more is sent, and even when the round is complete */
+                r->backlog = 1;  /* the next call fills the window first */
+                return HG_RUN_VERIFY;
+            }
             if ((rc = fill(fd, job, ch, r, sl, b, now)) < 0)
                 return rc;
         } else if (r->backlog) {
@@ -260,8 +266,6 @@ int64_t homagg_fp_run(int fd, int mfd, const hg_job *job, const hg_chunks *ch, h
         }
         if (r->done >= r->total)
             return HG_RUN_DONE;
-        if (verify_now)
-            return HG_RUN_VERIFY;
         if (now >= until || r->nsamples >= MAX_SAMPLES)
             return HG_RUN_SCAN;
         if (!nev) {

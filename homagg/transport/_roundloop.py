@@ -246,15 +246,14 @@ class RoundLoop:
         port, r, dp = self.port, self.r, self.dp
         run = dp.round_run(self, port.window, port.msock.fileno() if port.msock is not None else -1)
         while True:
-            until = min(self.next_scan, self.last_progress + port.timeout, time.monotonic() + SCAN_SLICE_S)
-            rc = run.step(port.rtt, until)
+            rc = run.step(port.rtt, min(self.next_scan, time.monotonic() + SCAN_SLICE_S))
             if rc == run.VERIFY:
                 self.verify_early()
                 continue
             if rc == run.DONE:
                 break
             now = time.monotonic()
-            if now >= self.next_scan:
+            if now >= self.next_scan or now - self.last_progress > port.timeout:
                 self.scan(now)  # its resends change only the slots' state, which C reads in place
         port._seq = r.seq0 + r.total
         self.finish()

@@ -133,8 +133,9 @@ class Scratch:
 
     def __init__(self, socks: Sequence[socket.socket], gso: bool) -> None:
         self.rbuf = np.empty(_BATCH * _STRIDE, dtype=np.uint8)
-        self.events = np.empty(_BATCH * _SEGMENTS, dtype=np.int64)
-        self.late = np.empty(3 * self.events.size, dtype=np.int64)
+        self.room = _BATCH * _SEGMENTS  # results one receive call may report (a batch of full GRO buffers)
+        self.events = np.empty(2 * self.room, dtype=np.int64)  # the round loop: a room per socket
+        self.late = np.empty(3 * self.room, dtype=np.int64)
         self.gso = ctypes.c_int32(int(gso))
         self.gro = all([set_udp_gro(s) for s in socks])
         self.overflow = 0
@@ -193,7 +194,7 @@ class NativeDatapath:
         while True:
             self._nlate.value = 0
             n = _LIB.homagg_fp_recv(fd, ctypes.byref(self._job), ctypes.byref(self._chunks), r.total,  # type: ignore[union-attr]
-                                    self._cur, self._completed, self._events.ctypes.data, self._events.size,
+                                    self._cur, self._completed, self._events.ctypes.data, self.scratch.room,
                                     self._late.ctypes.data, ctypes.byref(self._nlate), self._rbuf.ctypes.data,
                                     _STRIDE, self._probe, len(PROBE_PREFIX), ctypes.byref(c))
             r.ignored += c.ignored
@@ -232,10 +233,9 @@ class NativeRound:
         self._slots = _Slots(*[_addr(a) for a in (r.cur, r.tries, r.sent_at, r.deadline, port._last_g,
                                                    port._last_retx)])
         sc = dp.scratch
-        self._ids = np.empty(max(1, r.nslot), dtype=np.int64)  # a window's chunk ids (at most n_slots)
-        self._events = np.empty(2 * sc.events.size, dtype=np.int64)  # one batch's room per socket
-        self._bufs = _Bufs(r.bufs.ctypes.data, r.stride, sc.rbuf.ctypes.data, _STRIDE, self._events.ctypes.data,
-                           sc.events.size, sc.late.ctypes.data, self._ids.ctypes.data, ctypes.addressof(dp._probe),
+        ids = dp._ids  # a window's chunk ids: at most n_slots, its size (send() is not called meanwhile)
+        self._bufs = _Bufs(r.bufs.ctypes.data, r.stride, sc.rbuf.ctypes.data, _STRIDE, sc.events.ctypes.data,
+                           sc.room, sc.late.ctypes.data, ids.ctypes.data, ctypes.addressof(dp._probe),
                            len(PROBE_PREFIX), ctypes.addressof(sc.gso))
         st.backlog = 1  # the first step fills the window
         self._args = (dp.fd, mfd, ctypes.byref(dp._job), ctypes.byref(dp._chunks), ctypes.byref(st),

@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from . import _hostops
-from ._hostops import BYTE_BITS
 
 __all__ = ["bitmap_words", "pack_positions", "unpack_positions", "popcount", "word_bitmap", "select_words",
            "place_words", "two_level_words"]
@@ -35,9 +34,9 @@ def unpack_positions(words: torch.Tensor) -> torch.Tensor:
 
 
 def popcount(words: torch.Tensor) -> int:
-    """Number of set bits of int32 bitmap words (a byte table lookup, no Python loop)."""
-    as_bytes = words.contiguous().view(torch.uint8).to(torch.int64)
-    return int(BYTE_BITS.to(words.device)[as_bytes].sum())
+    """Number of set bits of int32 bitmap words (native popcount, else a byte table lookup; no
+    Python loop)."""
+    return _hostops.count_set_bits(words.contiguous())
 
 
 # -- two-level bitmaps: a bitmap of the nonzero bitmap words, then only the words the union holds --

@@ -43,6 +43,8 @@ __all__ = [
     "negated_guess",
     "mismatched_blocks",
     "quantize",
+    "quantize_into_slots",
+    "places_natively",
     "dequantize",
     "to_limbs",
     "from_limbs",
@@ -167,6 +169,27 @@ def quantize(idx: torch.Tensor, values: torch.Tensor, exponents: torch.Tensor, b
                                                       None if f2 is None else f2.numpy(), limit))
     q = torch.round(_scale_by_block(values, _block_of(idx, block_size), shift)).clamp_(-limit, limit)
     return q.to(torch.int32)
+
+
+def places_natively(idx: torch.Tensor, values: torch.Tensor, words: torch.Tensor, block_size: int) -> bool:
+    """Whether :func:`quantize_into_slots` runs (the native kernels, contiguous CPU int64 positions,
+    float64 values and int32 bitmap words, blocks of a power of two)."""
+    return (_native.AVAILABLE and block_size & (block_size - 1) == 0 and all(t.device.type == "cpu" and t.is_contiguous() for t in (idx, values, words))
+            and idx.dtype == torch.int64 and values.dtype == torch.float64 and words.dtype == torch.int32)
+
+
+def quantize_into_slots(idx: torch.Tensor, values: torch.Tensor, exponents: torch.Tensor, block_size: int,
+                        world_size: int, words: torch.Tensor, out: torch.Tensor) -> None:
+    """``out[bit_ranks(words, idx)] = quantize(idx, values, exponents, ...)``: each local grid word
+    straight into its slot among the set bits of the OR-combined bitmap ``words`` (which holds
+    every bit of the sorted ``idx``), one native pass (:func:`places_natively` must hold); ``out``:
+    contiguous int32, one slot per set bit; nothing else of it is written."""
+    p = precision_bits(world_size)
+    e = exponents.to(torch.int64)
+    shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), p - e)
+    f1, f2 = _block_factors(shift)
+    _native.quantize_place64(idx.numpy(), values.numpy(), block_size, f1.numpy(), None if f2 is None else f2.numpy(),
+                             float(2**p - 1), words.numpy(), out.numpy())
 
 
 def dequantize(idx: torch.Tensor, sums: torch.Tensor, exponents: torch.Tensor, block_size: int, world_size: int, dtype: torch.dtype) -> torch.Tensor:

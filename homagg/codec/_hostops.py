@@ -27,7 +27,8 @@ import torch
 
 from . import _native
 
-__all__ = ["nonzero_positions", "nonzeros_and_bitmap", "nonzero_word_bitmap", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "decode_into_", "scatter_", "gather"]
+__all__ = ["nonzero_positions", "nonzeros_and_bitmap", "nonzero_word_bitmap", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "decode_into_",
+           "decode_bits_into_", "count_set_bits", "scatter_", "gather"]
 
 _CHUNK = 1 << 20  #: elements per chunk of the nonzero scan (its bool buffer stays in cache)
 
@@ -234,6 +235,26 @@ def decode_into_(out: torch.Tensor, positions: torch.Tensor, sums: torch.Tensor,
         _native.decode_into32(out.numpy(), positions.numpy(), sums.numpy(), factor.numpy(), block_size.bit_length() - 1)
         return
     scatter_(out, positions, sums.to(torch.float32) * factor.index_select(0, positions // block_size))
+
+
+def count_set_bits(words: torch.Tensor) -> int:
+    """Number of set bits of int32 bitmap ``words`` (one native pass where built)."""
+    if _native.AVAILABLE and _host(words) and words.dtype == torch.int32:
+        return _native.count_bits32(words.numpy())
+    as_bytes = words.contiguous().view(torch.uint8).to(torch.int64)
+    return int(BYTE_BITS.to(words.device)[as_bytes].sum())
+
+
+def decode_bits_into_(out: torch.Tensor, words: torch.Tensor, sums: torch.Tensor, factor: torch.Tensor,
+                      block_size: int) -> None:
+    """``decode_into_(out, set_bit_positions(words), sums, factor, block_size)``: on CPU one native
+    pass over the bitmap, the positions never listed."""
+    if (_native.AVAILABLE and block_size & (block_size - 1) == 0 and out.dtype == torch.float32
+            and sums.dtype == torch.int32 and words.dtype == torch.int32 and _host(out) and _host(words)
+            and _host(sums) and _host(factor)):
+        _native.decode_bits32(out.numpy(), words.numpy(), sums.numpy(), factor.numpy(), block_size.bit_length() - 1)
+        return
+    decode_into_(out, set_bit_positions(words), sums, factor, block_size)
 
 
 def scatter_(out: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:

@@ -16,7 +16,8 @@ import numpy as np
 from .._cext import load_library
 
 __all__ = ["AVAILABLE", "pack32", "set_bits32", "bit_ranks32", "gather32", "decode_into32", "block_peaks32",
-           "quantize32", "quantize_at64", "dequantize32"]
+           "quantize32", "quantize_at64", "dequantize32", "quantize_place64", "decode_bits32",
+           "count_bits32"]
 
 
 def _load() -> ctypes.CDLL | None:
@@ -42,6 +43,11 @@ def _load() -> ctypes.CDLL | None:
     lib.homagg_quantize_at64.restype = None
     lib.homagg_dequantize32.argtypes = [ptr, i64, i64, ptr, ptr]
     lib.homagg_dequantize32.restype = i64
+    lib.homagg_quantize_place64.argtypes = [ptr, ptr, i64, ctypes.c_int, ptr, ptr, i64, ctypes.c_double, ptr, i64,
+                                             ptr, ptr]
+    lib.homagg_quantize_place64.restype = i64
+    lib.homagg_decode_bits32.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, i64, ctypes.c_int, ptr]
+    lib.homagg_decode_bits32.restype = i64
     return lib
 
 
@@ -72,6 +78,12 @@ def set_bits32(words: np.ndarray, count: int | None = None) -> np.ndarray:
     written = _LIB.homagg_set_bits32(words.ctypes.data, words.size, pos.ctypes.data)
     assert written == count
     return pos[:count]
+
+
+def count_bits32(words: np.ndarray) -> int:
+    """Number of set bits of contiguous 32-bit ``words``."""
+    assert _LIB is not None and words.itemsize == 4 and words.flags.c_contiguous
+    return int(_LIB.homagg_set_bits32(words.ctypes.data, words.size, None))
 
 
 def bit_ranks32(words: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -172,3 +184,48 @@ def dequantize32(sums: np.ndarray, block_size: int, factor: np.ndarray, out: np.
     if not sums.size:
         return 0
     return int(_LIB.homagg_dequantize32(sums.ctypes.data, sums.size, block_size, factor.ctypes.data, out.ctypes.data))
+
+
+def quantize_place64(idx: np.ndarray, values: np.ndarray, block_size: int, f1: np.ndarray, f2: np.ndarray | None,
+                     limit: float, words: np.ndarray, out: np.ndarray) -> None:
+    """``out[bit_ranks32(words, idx)] = quantize_at64(idx, values, ...)`` in one pass
+    (``homagg_quantize_place64``): strictly ascending int64 ``idx`` whose bits are set in the
+    32-bit bitmap ``words``, float64 ``values``, per-block float64 factors (``block_size`` a power
+    of two); ``out``: contiguous int32 with a slot per set bit, nothing else of it written.
+    :class:`ValueError` when the positions and the bitmap or the factors disagree (``out`` may
+    then be partly written)."""
+    assert _LIB is not None and idx.dtype == np.int64 and values.dtype == np.float64 and words.itemsize == 4
+    assert idx.flags.c_contiguous and values.flags.c_contiguous and words.flags.c_contiguous
+    assert out.dtype == np.int32 and out.flags.c_contiguous and idx.size == values.size
+    assert block_size >= 1 and block_size & (block_size - 1) == 0
+    f1 = np.ascontiguousarray(f1, dtype=np.float64)
+    f2 = None if f2 is None else np.ascontiguousarray(f2, dtype=np.float64)
+    if f2 is not None and f2.size != f1.size:
+        raise ValueError("quantize_place64: the two factor arrays differ in length")
+    if idx.size and out.size < _LIB.homagg_set_bits32(words.ctypes.data, words.size, None):
+        raise ValueError("quantize_place64: fewer slots than the bitmap's set bits")
+    if not idx.size:
+        return
+    before = np.empty(words.size // 8 + 2, dtype=np.int64)
+    if _LIB.homagg_quantize_place64(idx.ctypes.data, values.ctypes.data, idx.size, block_size.bit_length() - 1,
+                                    f1.ctypes.data, None if f2 is None else f2.ctypes.data, f1.size, limit,
+                                    words.ctypes.data, words.size, before.ctypes.data, out.ctypes.data):
+        raise ValueError("quantize_place64: positions not ascending, outside the factors, or not in the bitmap")
+
+
+_DECODE_BATCH = 65536  #: bits homagg_decode_bits32 lists at a time (its batch of 2048 words)
+
+
+def decode_bits32(out: np.ndarray, words: np.ndarray, sums: np.ndarray, factor: np.ndarray, shift: int) -> None:
+    """``decode_into32(out, set_bits32(words), sums, factor, shift)`` without listing the positions
+    (``homagg/codec/_union_kernels.c``); :class:`ValueError` (nothing written) when ``sums`` does
+    not hold one word per set bit, or a set bit lies outside ``out`` or its block outside ``factor``."""
+    assert _LIB is not None and out.dtype == np.float32 and out.flags.c_contiguous and factor.dtype == np.float32
+    assert words.itemsize == 4 and words.flags.c_contiguous
+    sums = np.ascontiguousarray(sums, dtype=np.int32)
+    factor = np.ascontiguousarray(factor)
+    pos = np.empty(_DECODE_BATCH + 4, dtype=np.int64)
+    if _LIB.homagg_decode_bits32(out.ctypes.data, out.size, words.ctypes.data, words.size, sums.ctypes.data, sums.size,
+                                 factor.ctypes.data, factor.size, shift, pos.ctypes.data):
+        raise ValueError(f"decode_bits32: {sums.size} sums for the bitmap's set bits, or a bit outside the "
+                         f"{out.size} elements / {factor.size} factors")

@@ -1,7 +1,8 @@
 /* homagg's optional native kernels, the codec's CPU hot path: the nonzero scan (homagg_pack32 +
  * homagg_set_bits32 + homagg_gather32), the union's positions (homagg_set_bits32), the local
  * elements' slots in the union (homagg_bit_ranks32) and the float32 decode into the result
- * (homagg_decode_into32).
+ * (homagg_decode_into32); compact's two passes over the union fused into one walk of the combined
+ * bitmap each (homagg_quantize_place64, homagg_decode_bits32).
  *
  * Plain C, no Python API: homagg/codec/_native.py loads the built library with ctypes; homagg/codec/_hostops.py
  * uses it and falls back to its numpy (or torch) code when the library is absent (no compiler at
@@ -19,6 +20,7 @@
  * of byte i / 8 -- the layout of np.packbits(..., bitorder="little") and of homagg's int32
  * bitmap words on a little-endian host.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -172,5 +174,112 @@ int64_t homagg_decode_into32(float *out, int64_t n, const int64_t *pos, const in
             return -1;
     for (int64_t i = 0; i < k; i++)
         out[pos[i]] = (float)sums[i] * factor[pos[i] >> shift];
+    return 0;
+}
+
+/* Set bits of the 256-bit group q (four little-endian 64-bit words) below bit o (0 <= o < 256):
+ * the whole words below o's word, then the bits of its word below o; no branch. */
+static inline __attribute__((always_inline)) int64_t group_rank(const uint64_t q[4], int o) {
+    const int full = o >> 6;
+    int64_t r = __builtin_popcountll(q[full] & ((1ULL << (o & 63)) - 1));
+    for (int h = 0; h < 3; h++)
+        r += __builtin_popcountll(q[h]) & -(int64_t)(h < full);
+    return r;
+}
+
+/* compact's encode: each local nonzero's grid word straight into its slot of the union, i.e.
+ * out[bit_ranks32(words, idx)] = quantize_at64(idx, v, ...) without the slot array, the grid array
+ * or the scatter.  idx strictly ascending, every bit set in the nwords bitmap words; blocks of
+ * 2**bshift elements, nblocks factors (f2 may be NULL); before: room for nwords / 8 + 1 counts.  A
+ * first pass counts the set bits before every 256-bit group, then each position's slot is that
+ * count plus a branch-free popcount inside its group; the float64 steps are quantize_at64's:
+ * v * f1 (* f2), round half to even, clamp to [-limit, limit].  Returns 0, or -1 at the first
+ * position that is not ascending, lies outside the bitmap or the factors, or whose bit is clear
+ * (out is then partly written: the caller's fresh buffer, discarded). */
+static inline __attribute__((always_inline)) int64_t
+place64(const int64_t *idx, const double *v, int64_t k, int bshift, const double *f1, const double *f2, int64_t nblocks,
+        double limit, const uint32_t *words, int64_t nwords, int64_t *before, int32_t *out) {
+    const int64_t groups = (nwords + 7) / 8;
+    uint64_t tail[4] = {0, 0, 0, 0}; /* the last group, zero past the bitmap */
+    memcpy(tail, words + 8 * (groups - 1), (size_t)(nwords - 8 * (groups - 1)) * sizeof(uint32_t));
+    int64_t run = 0;
+    for (int64_t g = 0; g < groups; g++) {
+        uint64_t q[4];
+        memcpy(q, g + 1 < groups ? (const void *)(words + 8 * g) : (const void *)tail, sizeof q);
+        before[g] = run;
+        run += __builtin_popcountll(q[0]) + __builtin_popcountll(q[1]) + __builtin_popcountll(q[2]) +
+               __builtin_popcountll(q[3]);
+    }
+    int64_t last = -1;
+    for (int64_t i = 0; i < k; i++) {
+        const int64_t p = idx[i], g = p >> 8, b = p >> bshift;
+        if (p <= last || (p >> 5) >= nwords || b >= nblocks || !((words[p >> 5] >> (p & 31)) & 1u))
+            return -1;
+        last = p;
+        uint64_t q[4];
+        memcpy(q, g + 1 < groups ? (const void *)(words + 8 * g) : (const void *)tail, sizeof q);
+        double x = v[i] * f1[b];
+        if (f2)
+            x *= f2[b];
+        x = nearbyint(x);
+        x = x < -limit ? -limit : x;
+        x = x > limit ? limit : x;
+        out[before[g] + group_rank(q, (int)(p & 255))] = (int32_t)x;
+    }
+    return 0;
+}
+
+#ifdef HOMAGG_X86
+/* popcnt and roundsd (SSE4.1) inline: without them each popcount and nearbyint is a call */
+__attribute__((target("popcnt,sse4.2"))) static int64_t place64_v2(const int64_t *idx, const double *v, int64_t k,
+                                                                   int bshift, const double *f1, const double *f2,
+                                                                   int64_t nblocks, double limit, const uint32_t *words,
+                                                                   int64_t nwords, int64_t *before, int32_t *out) {
+    return place64(idx, v, k, bshift, f1, f2, nblocks, limit, words, nwords, before, out);
+}
+#endif
+
+int64_t homagg_quantize_place64(const int64_t *idx, const double *v, int64_t k, int bshift, const double *f1,
+                                const double *f2, int64_t nblocks, double limit, const uint32_t *words, int64_t nwords,
+                                int64_t *before, int32_t *out) {
+    if (k == 0 || nwords == 0)
+        return k ? -1 : 0;
+#ifdef HOMAGG_X86
+    if (__builtin_cpu_supports("popcnt") && __builtin_cpu_supports("sse4.2"))
+        return place64_v2(idx, v, k, bshift, f1, f2, nblocks, limit, words, nwords, before, out);
+#endif
+    return place64(idx, v, k, bshift, f1, f2, nblocks, limit, words, nwords, before, out);
+}
+
+/* compact's decode: out[p] = (float)sums[j] * factor[p >> shift] for the j-th set bit p of the
+ * nwords bitmap words, i.e. homagg_decode_into32(out, set_bits32(words), ...) with the positions
+ * listed a batch of 64 Ki bits at a time into pos (room for 65536 + 4; it stays in cache) instead
+ * of a union-sized array; the writes of a batch then run as decode_into32's.  Returns 0, or -1
+ * (nothing written) when the words hold other than nsums set bits, a set bit lies at or past n, or
+ * its block outside the nfactor factors. */
+HOMAGG_POPCNT int64_t homagg_decode_bits32(float *out, int64_t n, const uint32_t *words, int64_t nwords,
+                                           const int32_t *sums, int64_t nsums, const float *factor, int64_t nfactor,
+                                           int shift, int64_t *pos) {
+    int64_t count = 0, top = -1;
+    for (int64_t w = 0; w < nwords; w++)
+        count += __builtin_popcount(words[w]);
+    for (int64_t w = nwords - 1; w >= 0; w--)
+        if (words[w]) {
+            top = 32 * w + 31 - __builtin_clz(words[w]);
+            break;
+        }
+    if (count != nsums || top >= n || (top >= 0 && (top >> shift) >= nfactor))
+        return -1;
+    const int64_t batch = 2048; /* words: 65536 bits */
+    for (int64_t w0 = 0, j = 0; w0 < nwords; w0 += batch) {
+        const int64_t m = homagg_set_bits32(words + w0, nwords - w0 < batch ? nwords - w0 : batch, pos);
+        const int64_t base = 32 * w0;
+        const int32_t *s = sums + j;
+        for (int64_t i = 0; i < m; i++) {
+            const int64_t p = base + pos[i];
+            out[p] = (float)s[i] * factor[p >> shift];
+        }
+        j += m;
+    }
     return 0;
 }

@@ -283,11 +283,10 @@ def _compact(w: Worker, stats: WorkerStats, levels: int, exponents_done: bool = 
         held = _bitmap.unpack_positions(words)
         (selected,) = yield from exchange([Stream("bitmap", CombineOp.OR, _bitmap.select_words(local, held))], stats)
         words = _bitmap.place_words(selected, held, local.numel())
-    union = _bitmap.unpack_positions(words)
-    w.union = union.numel()
+    w.union = _bitmap.popcount(words)
     (sums,) = yield from exchange([Stream("values", CombineOp.ADD, w.union_values(words, w.union).reshape(-1))],
                                   stats)
-    return w.result(union, sums.reshape(-1, w.limbs))
+    return w.result_at_bits(words, sums.reshape(-1, w.limbs))
 
 
 def _words(values: list[int], device: torch.device) -> torch.Tensor:

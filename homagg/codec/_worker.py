@@ -221,9 +221,19 @@ class Worker:
     def union_values(self, words: torch.Tensor, union_size: int) -> torch.Tensor:
         """(U, L) int32 of this worker's grid words in the order of the set bits of the OR-combined
         bitmap ``words`` (which holds every local nonzero's bit): ``values_at(union)`` without a
-        search, each local word's slot counted from the bitmap (:func:`homagg.codec._hostops.bit_ranks`)."""
+        search, each local word's slot counted from the bitmap (:func:`homagg.codec._hostops.bit_ranks`);
+        for floats on CPU, quantised straight into the slots in one native pass
+        (:func:`homagg.codec._fixedpoint.quantize_into_slots`, bit for bit the same words)."""
         out = torch.zeros((union_size, self.limbs), dtype=torch.int32, device=self.device)
         if self.idx.numel():
+            assert self._quantized, "quantize() first"
+            bs = self.cfg.block_size
+            if self._grid is None and self.is_float and _fixedpoint.places_natively(self.idx, self.raw, words, bs):
+                # quantised straight into the union's slots: no slot, grid or scatter pass
+                assert self.exponents is not None
+                _fixedpoint.quantize_into_slots(self.idx, self.raw, self.exponents, bs, self.world_size, words,
+                                                out.view(-1))
+                return out
             slot = _hostops.bit_ranks(words, self.idx)
             if self.limbs == 1:
                 _hostops.scatter_(out.view(-1), slot, self.grid.view(-1))
@@ -279,6 +289,21 @@ class Worker:
         self.union = counted if counted is not None and self.limbs == 1 else int(
             torch.count_nonzero(sums.any(dim=1) if self.limbs > 1 else sums))
         return out
+
+    def result_at_bits(self, words: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+        """:meth:`result` at the set bits of the OR-combined bitmap ``words`` (``sums``: one row
+        per set bit, in order); a dense float32 result is decoded from the bitmap in one pass,
+        without listing the positions (:func:`homagg.codec._hostops.decode_bits_into_`)."""
+        if self.like is None and self.dtype == torch.float32 and self.limbs == 1:
+            assert self.exponents is not None
+            factor = _fixedpoint.float32_factors(self.exponents, self.world_size)
+            if factor is not None:
+                out = self.target
+                if out is None:
+                    out = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
+                _hostops.decode_bits_into_(out, words, sums[:, 0].contiguous(), factor, self.cfg.block_size)
+                return out
+        return self.result(_bitmap.unpack_positions(words), sums)
 
     def result(self, positions: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
         """Result holding the combined ``sums`` (U, L) at ``positions`` (which cover every local

@@ -109,3 +109,32 @@ def test_index_and_dense_exponents_agree_bit_for_bit(numel: int, density: float,
     dense = Worker(x, 2, cfg).local_exponents
     assert torch.equal(by_index.local_exponents, dense)
     assert torch.equal(dense, _blocks.exponents(x, 64))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), numel=st.integers(1, 5000), density=st.sampled_from([0.001, 0.05, 0.5, 1.0]),
+       block=st.sampled_from([1, 16, 1024, 100]), log_scale=st.integers(-1070, 1000), native=st.booleans())
+def test_block_exponents_native_pass_equals_the_scatter_amax(seed, numel, density, block, log_scale, native) -> None:
+    """The native peaks (homagg_block_peaks_at64; block 100 is not a power of two: torch's path)
+    give the exponents torch's scatter-amax and frexp give, subnormals and empty blocks included."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(numel, generator=gen, dtype=torch.float64) * 2.0**log_scale
+    idx = torch.nonzero((torch.rand(numel, generator=gen) < density) & (x != 0)).squeeze(1)
+    values = x[idx]
+    blocks = -(-numel // block)
+    peak = torch.zeros(blocks, dtype=torch.float64).scatter_reduce_(0, idx // block, values.abs(), reduce="amax")
+    e = torch.frexp(peak).exponent.to(torch.int32)
+    want = torch.where(peak == 0, torch.full_like(e, fp.EMPTY_EXPONENT), e)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fp._native, "AVAILABLE", native and fp._native.AVAILABLE)
+        assert torch.equal(fp.block_exponents(idx, values, numel, block), want)
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_block_exponents_refuse_non_finite_values_on_both_paths(bad, native, monkeypatch) -> None:
+    monkeypatch.setattr(fp._native, "AVAILABLE", native and fp._native.AVAILABLE)
+    idx = torch.tensor([0, 700, 2049])
+    values = torch.tensor([1.0, bad, -3.0], dtype=torch.float64)
+    with pytest.raises(homagg.NonFiniteError, match="non-finite"):
+        fp.block_exponents(idx, values, 4096, 1024)

@@ -11,6 +11,10 @@
  *   homagg_quantize_at64  out[i] = clamp(round_half_even(v[i] * f1[b] (* f2[b])), -limit, limit),
  *                         b = idx[i] / bs: float64 values at sorted flat positions (compact's and
  *                         sketch's local nonzeros), the products in float64 as the torch code does.
+ *   homagg_block_peaks_at64  per block of 2**bshift elements, the largest |v| of the float64 values
+ *                         at flat positions idx (compact's and sketch's local nonzeros): the
+ *                         scatter-amax of _fixedpoint.block_exponents, and whether a value is NaN
+ *                         or +-Inf, in one pass.
  *   homagg_dequantize32   out[i] = (float)sums[i] * factor[b]: int32 -> float32 rounds once (to
  *                         nearest even, as torch's copy_), the power-of-two factor is exact;
  *                         returns how many sums are nonzero (the result's union, in the same pass).
@@ -21,6 +25,7 @@
  * vectorised loops compute the IEEE operations the scalar ones do.  tests/test_dense_kernels.py
  * checks each kernel bit for bit against the torch code.
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -89,4 +94,23 @@ HOMAGG_CLONES int64_t homagg_dequantize32(const int32_t *sums, int64_t n, int64_
         }
     }
     return nonzero;
+}
+
+/* peak[b] = max |v[i]| over the i with idx[i] >> bshift == b (0.0 where none), for b < nblocks.
+ * Returns 0, 1 when some value is NaN or +-Inf (the peaks are then not to be used), or -1 when a
+ * position lies outside [0, nblocks << bshift) (peak unspecified). */
+HOMAGG_CLONES int64_t homagg_block_peaks_at64(const int64_t *idx, const double *v, int64_t k, int bshift,
+                                              int64_t nblocks, double *peak) {
+    for (int64_t b = 0; b < nblocks; b++)
+        peak[b] = 0.0;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < k; i++) {
+        const int64_t b = idx[i] >> bshift;
+        if (idx[i] < 0 || b >= nblocks)
+            return -1;
+        const double a = fabs(v[i]);
+        bad |= !(a <= DBL_MAX);
+        peak[b] = a > peak[b] ? a : peak[b];
+    }
+    return bad;
 }

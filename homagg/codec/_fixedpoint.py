@@ -93,15 +93,26 @@ def _pow2(shift: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tens
 def block_exponents(idx: torch.Tensor, values: torch.Tensor, numel: int, block_size: int) -> torch.Tensor:
     """Per block, the frexp exponent of the largest |value| (EMPTY_EXPONENT where no value).
 
-    ``idx`` are the flat positions of ``values`` (float64, nonzero, finite).
+    ``idx`` are the flat positions of ``values`` (float64, nonzero).  Raises
+    :class:`NonFiniteError` if a value is NaN or +-Inf (on CPU found in the same native pass as
+    the peaks).
     """
     blocks = -(-numel // block_size)
     if not values.numel():
         return torch.full((blocks,), EMPTY_EXPONENT, dtype=torch.int32, device=values.device)
     # frexp's exponent grows with |x|: the exponent of each block's largest |value| is the largest
     # exponent, so frexp runs once per block, not once per value
-    peak = torch.zeros(blocks, dtype=values.dtype, device=values.device)
-    peak.scatter_reduce_(0, _block_of(idx, block_size), values.abs(), reduce="amax")
+    if (_native.AVAILABLE and block_size & (block_size - 1) == 0 and idx.device.type == "cpu"
+            and values.device.type == "cpu" and idx.dtype == torch.int64 and values.dtype == torch.float64
+            and idx.is_contiguous() and values.is_contiguous()):
+        peaks, bad = _native.block_peaks_at64(idx.numpy(), values.numpy(), numel, block_size)
+        if bad:
+            check_finite(values)
+        peak = torch.from_numpy(peaks)
+    else:
+        check_finite(values)
+        peak = torch.zeros(blocks, dtype=values.dtype, device=values.device)
+        peak.scatter_reduce_(0, _block_of(idx, block_size), values.abs(), reduce="amax")
     e = torch.frexp(peak).exponent.to(torch.int32)
     return torch.where(peak == 0, torch.full_like(e, EMPTY_EXPONENT), e)
 

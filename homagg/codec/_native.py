@@ -17,7 +17,7 @@ from .._cext import load_library
 
 __all__ = ["AVAILABLE", "pack32", "set_bits32", "bit_ranks32", "gather32", "decode_into32", "block_peaks32",
            "quantize32", "quantize_at64", "dequantize32", "quantize_place64", "decode_bits32",
-           "count_bits32"]
+           "count_bits32", "block_peaks_at64"]
 
 
 def _load() -> ctypes.CDLL | None:
@@ -48,6 +48,8 @@ def _load() -> ctypes.CDLL | None:
     lib.homagg_quantize_place64.restype = i64
     lib.homagg_decode_bits32.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, i64, ctypes.c_int, ptr]
     lib.homagg_decode_bits32.restype = i64
+    lib.homagg_block_peaks_at64.argtypes = [ptr, ptr, i64, ctypes.c_int, i64, ptr]
+    lib.homagg_block_peaks_at64.restype = i64
     return lib
 
 
@@ -137,6 +139,21 @@ def block_peaks32(x: np.ndarray, block_size: int) -> tuple[np.ndarray, bool]:
     peak = np.empty(-(-x.size // block_size), dtype=np.uint32)
     bad = _LIB.homagg_block_peaks32(x.ctypes.data, x.size, block_size, peak.ctypes.data) if x.size else 0
     return peak.view(np.float32), bool(bad)
+
+
+def block_peaks_at64(idx: np.ndarray, values: np.ndarray, numel: int, block_size: int) -> tuple[np.ndarray, bool]:
+    """(per block of ``numel`` elements in blocks of ``block_size``, a power of two: the largest
+    |value| of the float64 ``values`` at int64 positions ``idx`` (0.0 where none), whether some
+    value is NaN or +-Inf) -- one pass; :class:`ValueError` for a position outside the blocks."""
+    assert _LIB is not None and idx.dtype == np.int64 and values.dtype == np.float64 and idx.size == values.size
+    assert idx.flags.c_contiguous and values.flags.c_contiguous and block_size >= 1
+    assert block_size & (block_size - 1) == 0
+    peak = np.empty(-(-numel // block_size), dtype=np.float64)
+    bad = _LIB.homagg_block_peaks_at64(idx.ctypes.data, values.ctypes.data, idx.size, block_size.bit_length() - 1,
+                                       peak.size, peak.ctypes.data) if peak.size else 0
+    if bad < 0 or (idx.size and int(idx.max()) >= numel):
+        raise ValueError(f"block_peaks_at64: a position outside the {numel} elements")
+    return peak, bool(bad)
 
 
 def quantize32(x: np.ndarray, block_size: int, f1: np.ndarray, f2: np.ndarray | None, limit: float,

@@ -123,7 +123,7 @@ class Worker:
         protocol asks for it, or for :attr:`idx`, before its first round)."""
         if self._local_exponents is None and self.is_float:
             if self._idx is not None and (self.flat is None or 16 * self._idx.numel() < self.numel):
-                _fixedpoint.check_finite(self.raw)
+                # block_exponents checks the values are finite (in its native pass where built)
                 self._local_exponents = _fixedpoint.block_exponents(self._idx, self.raw, self.numel,
                                                                     self.cfg.block_size)
             else:

@@ -52,6 +52,21 @@ def test_nonzero_positions_equal_torch_nonzero(seed, n, density, dtype, chunk, n
     assert words.dtype == torch.int32 and torch.equal(words, pack_positions(want, n))
 
 
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(0, 5000), density=st.sampled_from([0.0, 0.001, 0.05, 0.5, 1.0]),
+       dtype=st.sampled_from([torch.float32, torch.int32]), room=st.sampled_from([0, 1, 63, 200, 10_000]))
+def test_native_scan_lists_in_its_pass_or_after_it_alike(seed, n, density, dtype, room) -> None:
+    """homagg_scan32 lists positions and values in the packing pass while they fit the room and
+    from the words once they do not: either way torch's nonzero, the values and the packed bits."""
+    x = _sparse_tensor(seed, n, density, dtype)
+    pos, values, words = _hostops.nonzeros_and_bitmap(x, capacity=room)
+    want = torch.nonzero(x).squeeze(1)
+    assert torch.equal(pos, want) and pos.dtype == torch.int64
+    assert values.dtype == x.dtype and torch.equal(values, x[want])
+    assert torch.equal(words, pack_positions(want, n))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_nonzero_positions_count_nan_and_inf_but_not_negative_zero(dtype) -> None:
     x = torch.tensor([0.0, -0.0, float("nan"), 1.0, float("-inf"), -0.0, 2.0**-20], dtype=dtype)

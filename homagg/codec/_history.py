@@ -32,7 +32,8 @@ __all__ = ["Agreed", "History"]
 
 @dataclass(frozen=True)
 class Agreed:
-    """What one call agreed: block exponents (floats, else ``None``) and the union's size.
+    """What one call agreed: block exponents (floats, else ``None``) and the union's size (and,
+    for this worker only, how many nonzeros it held).
 
     ``union`` is exact for compact/sketch (popcount of the combined bitmap) and the number of
     nonzero sums for dense (a lower bound only when sums cancel to zero).  ``changed`` is computed
@@ -44,6 +45,9 @@ class Agreed:
     #: fraction of the blocks holding a value in this call and the previous one whose agreed
     #: exponent differed (the blocks a guess would have redone); 0 where there was no previous call
     changed: float = 0.0
+    #: this worker's own nonzeros in the call (0 where it listed none): not agreed, and no decision
+    #: depends on it; it only sizes the next call's scan buffers (room for its listing)
+    local_nnz: int = 0
 
 
 class History:

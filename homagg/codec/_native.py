@@ -15,7 +15,7 @@ import numpy as np
 
 from .._cext import load_library
 
-__all__ = ["AVAILABLE", "pack32", "set_bits32", "bit_ranks32", "gather32", "decode_into32", "block_peaks32",
+__all__ = ["AVAILABLE", "pack32", "scan32", "set_bits32", "bit_ranks32", "gather32", "decode_into32", "block_peaks32",
            "quantize32", "quantize_at64", "dequantize32", "quantize_place64", "decode_bits32",
            "count_bits32", "block_peaks_at64"]
 
@@ -27,6 +27,8 @@ def _load() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.homagg_pack32.argtypes = [ptr, i64, ctypes.c_uint32, ptr]
     lib.homagg_pack32.restype = i64
+    lib.homagg_scan32.argtypes = [ptr, i64, ctypes.c_uint32, ptr, i64, ptr, ptr, ptr]
+    lib.homagg_scan32.restype = i64
     lib.homagg_set_bits32.argtypes = [ptr, i64, ptr]
     lib.homagg_set_bits32.restype = i64
     lib.homagg_decode_into32.argtypes = [ptr, i64, ptr, ptr, i64, ptr, i64, ctypes.c_int]
@@ -66,6 +68,31 @@ def pack32(x: np.ndarray, mask: int) -> tuple[np.ndarray, int]:
     words = np.empty(2 * -(-x.size // 64), dtype=np.int32)
     count = _LIB.homagg_pack32(x.ctypes.data, x.size, mask, words.ctypes.data)
     return words[: -(-x.size // 32)], int(count)
+
+
+def scan32(x: np.ndarray, mask: int, capacity: int,
+           with_values: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(words, positions, values)`` of the elements of contiguous 32-bit ``x`` with ``x & mask !=
+    0``: :func:`pack32`'s words, the sorted int64 positions (:func:`set_bits32` of the words) and,
+    with ``with_values``, ``x`` at them (:func:`gather32`) -- listed in the same pass as the
+    packing while they fit ``capacity`` entries, else from the words afterwards (the same arrays
+    either way)."""
+    assert _LIB is not None and x.itemsize == 4 and x.flags.c_contiguous
+    if x.size == 0:
+        return np.zeros(1, dtype=np.int32)[:0], np.zeros(1, dtype=np.int64)[:0], (x[:0].copy() if with_values else None)
+    words = np.empty(2 * -(-x.size // 64), dtype=np.int32)
+    room = max(0, min(capacity, x.size)) + 68  # a group's 64 positions and decode64's scratch
+    pos = np.empty(room, dtype=np.int64)
+    vals = np.empty(room, dtype=x.dtype) if with_values else None
+    listed = ctypes.c_int64(0)
+    count = int(_LIB.homagg_scan32(x.ctypes.data, x.size, mask, words.ctypes.data, room, pos.ctypes.data,
+                                   None if vals is None else vals.ctypes.data, ctypes.byref(listed)))
+    words = words[: -(-x.size // 32)]
+    if listed.value < 0:  # more than the room: listed from the packed words
+        positions = set_bits32(words, count)
+        return words, positions, (gather32(x, positions) if with_values else None)
+    assert listed.value == count
+    return words, pos[:count], (vals[:count] if vals is not None else None)
 
 
 def set_bits32(words: np.ndarray, count: int | None = None) -> np.ndarray:

@@ -4,6 +4,8 @@
  * (homagg_decode_into32); compact's two passes over the union fused into one walk of the combined
  * bitmap each (homagg_quantize_place64, homagg_decode_bits32).
  *
+ * homagg_scan32 is the scan with the listing and the gather fused in, while room lasts.
+ *
  * Plain C, no Python API: homagg/codec/_native.py loads the built library with ctypes; homagg/codec/_hostops.py
  * uses it and falls back to its numpy (or torch) code when the library is absent (no compiler at
  * install time, or HOMAGG_NATIVE=0) or the input is not a contiguous 32-bit CPU array.  Every
@@ -105,6 +107,92 @@ static inline __attribute__((always_inline)) int decode64(uint64_t b, int64_t ba
         }
     }
     return count;
+}
+
+/* The nonzero scan that also lists what it finds: homagg_pack32's words and count, and while room
+ * lasts the positions (ascending, int64) and, with vals, the 32-bit values at them, each 64-element
+ * group listed while it is in L1 (homagg_pack32 + homagg_set_bits32 + homagg_gather32 read the
+ * bitmap once more and the input a second time, cache-cold).  pos has room for cap entries; the
+ * listing stops for good before a group could overflow it (a group may need 64 + 4 scratch).
+ * Returns the count; *listed = the entries listed when every one was, else -1 (the caller lists
+ * them from the words). */
+#define HOMAGG_SCAN_BODY(GROUP_BITS)                                                                   \
+    const int64_t full = n / 64;                                                                       \
+    int64_t count = 0, k = 0;                                                                          \
+    int listing = pos != NULL;                                                                         \
+    for (int64_t w = 0; w < full; w++) {                                                               \
+        const uint32_t *p = x + w * 64;                                                                \
+        const uint64_t b = GROUP_BITS;                                                                 \
+        words[w] = b;                                                                                  \
+        count += __builtin_popcountll(b);                                                              \
+        if (listing) {                                                                                 \
+            if (k + 68 > cap) {                                                                        \
+                listing = 0;                                                                           \
+                continue;                                                                              \
+            }                                                                                          \
+            /* no branch on b: an empty group lists nothing; scratch entries lie inside the group */   \
+            const int c = decode64(b, w * 64, pos + k);                                                \
+            if (vals)                                                                                  \
+                for (int j = 0; j < c || j < 4; j += 4)                                                \
+                    for (int i = 0; i < 4; i++)                                                        \
+                        vals[k + j + i] = x[pos[k + j + i]];                                           \
+            k += c;                                                                                    \
+        }                                                                                              \
+    }                                                                                                  \
+    count += pack32_tail(x, full * 64, n, mask, words);                                                \
+    if (listing && full * 64 < n) {                                                                    \
+        if (k + 68 > cap) {                                                                            \
+            listing = 0;                                                                               \
+        } else {                                                                                       \
+            const int c = decode64(words[full], full * 64, pos + k);                                   \
+            if (vals)                                                                                  \
+                for (int j = 0; j < c; j++)                                                            \
+                    vals[k + j] = x[pos[k + j]];                                                       \
+            k += c;                                                                                    \
+        }                                                                                              \
+    }                                                                                                  \
+    *listed = listing ? k : -1;                                                                        \
+    return count;
+
+static inline __attribute__((always_inline)) uint64_t group_bits_scalar(const uint32_t *p, uint32_t mask) {
+    uint64_t b = 0;
+    for (int i = 0; i < 64; i++)
+        b |= (uint64_t)((p[i] & mask) != 0) << i;
+    return b;
+}
+
+HOMAGG_POPCNT static int64_t scan32_scalar(const uint32_t *x, int64_t n, uint32_t mask, uint64_t *words, int64_t cap,
+                                           int64_t *pos, uint32_t *vals, int64_t *listed) {
+    HOMAGG_SCAN_BODY(group_bits_scalar(p, mask))
+}
+
+#ifdef HOMAGG_X86
+__attribute__((target("avx2,popcnt"))) static inline uint64_t group_bits_avx2(const uint32_t *p, __m256i m) {
+    const __m256i zero = _mm256_setzero_si256();
+    uint64_t b = 0;
+    for (int i = 0; i < 8; i++) {
+        __m256i v = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 8 * i)), m);
+        uint32_t is_zero = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, zero)));
+        b |= (uint64_t)(~is_zero & 0xFFu) << (8 * i);
+    }
+    return b;
+}
+
+__attribute__((target("avx2,popcnt"))) static int64_t scan32_avx2(const uint32_t *x, int64_t n, uint32_t mask,
+                                                                  uint64_t *words, int64_t cap, int64_t *pos,
+                                                                  uint32_t *vals, int64_t *listed) {
+    const __m256i m = _mm256_set1_epi32((int)mask);
+    HOMAGG_SCAN_BODY(group_bits_avx2(p, m))
+}
+#endif
+
+int64_t homagg_scan32(const uint32_t *x, int64_t n, uint32_t mask, uint64_t *words, int64_t cap, int64_t *pos,
+                      uint32_t *vals, int64_t *listed) {
+#ifdef HOMAGG_X86
+    if (__builtin_cpu_supports("avx2"))
+        return scan32_avx2(x, n, mask, words, cap, pos, vals, listed);
+#endif
+    return scan32_scalar(x, n, mask, words, cap, pos, vals, listed);
 }
 
 /* Positions (ascending, int64) of the set bits of n 32-bit bitmap words; pos holds room for every

@@ -139,7 +139,7 @@ def run(w: Worker, scheme: str, stats: WorkerStats, history: History | None = No
     body = _first_call(w, scheme, stats) if prior is None else _steady(w, scheme, stats, prior)
     flat = yield from _described(body, w, scheme, stats)
     if history is not None:
-        history.put(slot, Agreed(w.exponents, w.union, _changed(prior, w.exponents)))
+        history.put(slot, Agreed(w.exponents, w.union, _changed(prior, w.exponents), w.listed_nnz))
     return flat
 
 
@@ -197,6 +197,8 @@ def prepare(w: Worker, scheme: str, history: History | None = None, key: Hashabl
 
 
 def _prepare(w: Worker, scheme: str, prior: Agreed | None) -> None:
+    if prior is not None and prior.local_nnz:  # room for the scan's listing: the last call's count and some
+        w.nnz_hint = prior.local_nnz + prior.local_nnz // 8 + 1024
     if scheme == "auto" and prior is not None:
         scheme = choose(w.numel, float(prior.union), w.limbs, w.cfg)
     if scheme in ("compact", "sketch"):

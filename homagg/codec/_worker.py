@@ -70,6 +70,7 @@ class Worker:
         self._grid: torch.Tensor | None = None  # (nnz, L) int32, index representation
         self._quantized = False
         self.union = 0  # distinct nonzeros of the combined result (recorded for the next call)
+        self.nnz_hint: int | None = None  # expected local nonzeros (room for the scan's listing)
 
     # ------------------------------------------------------------------ representations
     @property
@@ -78,9 +79,14 @@ class Worker:
         if self._idx is None:
             assert self.flat is not None
             # the values and the packed bitmap come with the scan (each chunk still in cache)
-            self._idx, raw, self._bitmap = _hostops.nonzeros_and_bitmap(self.flat)
+            self._idx, raw, self._bitmap = _hostops.nonzeros_and_bitmap(self.flat, self.nnz_hint)
             self._raw = raw.to(torch.float64) if self.is_float else raw
         return self._idx
+
+    @property
+    def listed_nnz(self) -> int:
+        """Local nonzeros, where the index list was built (else 0: nothing is scanned for it)."""
+        return 0 if self._idx is None else self._idx.numel()
 
     @property
     def bitmap(self) -> torch.Tensor:

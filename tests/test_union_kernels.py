@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from homagg.codec import CodecConfig, _fixedpoint, _hostops, _native
+from homagg.codec import CodecConfig, _bitmap, _fixedpoint, _hostops, _native
 from homagg.codec._bitmap import pack_positions
 from homagg.codec._schemes import protocol
 from homagg.codec._stats import WorkerStats
@@ -80,6 +80,24 @@ def test_decode_bits_equals_positions_then_decode(seed, n, union_density, block,
     assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
 
 
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), n_words=st.integers(0, 3000), held=st.sampled_from([0.0, 0.01, 0.7, 1.0]),
+       native=st.booleans())
+def test_two_level_select_and_place_equal_listing_the_held_words(seed, n_words, held, native) -> None:
+    """select_words / place_words by the word bitmap (native: one pass each, nothing listed) equal
+    gathering at, and scattering to, the listed positions of its set bits."""
+    g = torch.Generator().manual_seed(seed)
+    words = torch.randint(-2**31, 2**31 - 1, (n_words,), generator=g, dtype=torch.int32)
+    words[torch.rand(n_words, generator=g) >= held] = 0
+    mask = _bitmap.word_bitmap(words)
+    positions = _hostops.set_bit_positions(mask)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_native, "AVAILABLE", native and _native.AVAILABLE)
+        selected = _bitmap.select_words(words, mask)
+        assert torch.equal(selected, words[positions])
+        assert torch.equal(_bitmap.place_words(selected, mask, n_words), words)  # zeros left out come back
+
+
 @needs_native
 def test_fused_kernels_refuse_inconsistent_input() -> None:
     n, block = 4096, 256
@@ -103,6 +121,8 @@ def test_fused_kernels_refuse_inconsistent_input() -> None:
         with pytest.raises(ValueError):
             _native.decode_bits32(target.numpy(), words.numpy(), sums.numpy(), fac, block.bit_length() - 1)
         assert torch.equal(target, result[:size])  # nothing written
+    with pytest.raises(ValueError):  # one word short for the mask's set bits
+        _native.place_bits32(words.numpy(), torch.ones(3, dtype=torch.int32).numpy(), n)
 
 
 def _compact_call(tensors: list[torch.Tensor], cfg: CodecConfig) -> list[torch.Tensor]:

@@ -44,7 +44,8 @@ def popcount(words: torch.Tensor) -> int:
 # Round A combines (OR) every worker's :func:`word_bitmap` (one bit per bitmap word: n/1024 words);
 # its set bits are the words nonzero in *some* worker's bitmap, i.e. in the union's.  Round B
 # combines (OR) each worker's words at those positions (:func:`select_words`, in the order of the
-# set bits, identical on every worker); :func:`place_words` puts them back.  Invariant: the
+# set bits, identical on every worker); :func:`place_words` puts them back.  Both take the word
+# bitmap itself: on CPU one native pass each, the held positions never listed.  Invariant: the
 # result equals the OR of the full bitmaps, since every word left out is zero on every worker.
 
 
@@ -54,16 +55,15 @@ def word_bitmap(words: torch.Tensor) -> torch.Tensor:
 
 
 def select_words(words: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
-    """``words`` at the sorted int64 word positions ``held`` (the set bits of the OR-combined
-    :func:`word_bitmap`)."""
-    return _hostops.gather(words, held)
+    """``words`` at the word positions whose bits are set in ``held``, the OR-combined
+    :func:`word_bitmap` (in order; :func:`homagg.codec._hostops.select_by_bits`)."""
+    return _hostops.select_by_bits(words, held)
 
 
 def place_words(selected: torch.Tensor, held: torch.Tensor, n_words: int) -> torch.Tensor:
-    """The full ``n_words`` bitmap from the OR-combined :func:`select_words` (zero elsewhere)."""
-    out = torch.zeros(n_words, dtype=torch.int32, device=selected.device)
-    _hostops.scatter_(out, held, selected)
-    return out
+    """The full ``n_words`` bitmap from the OR-combined :func:`select_words` of the word bitmap
+    ``held`` (zero elsewhere; :func:`homagg.codec._hostops.place_by_bits`)."""
+    return _hostops.place_by_bits(selected, held, n_words)
 
 
 def two_level_words(numel: int, union: float) -> float:

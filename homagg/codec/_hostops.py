@@ -28,7 +28,7 @@ import torch
 from . import _native
 
 __all__ = ["nonzero_positions", "nonzeros_and_bitmap", "nonzero_word_bitmap", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "decode_into_",
-           "decode_bits_into_", "count_set_bits", "scatter_", "gather"]
+           "decode_bits_into_", "count_set_bits", "select_by_bits", "place_by_bits", "scatter_", "gather"]
 
 _CHUNK = 1 << 20  #: elements per chunk of the nonzero scan (its bool buffer stays in cache)
 
@@ -258,6 +258,24 @@ def decode_bits_into_(out: torch.Tensor, words: torch.Tensor, sums: torch.Tensor
         _native.decode_bits32(out.numpy(), words.numpy(), sums.numpy(), factor.numpy(), block_size.bit_length() - 1)
         return
     decode_into_(out, set_bit_positions(words), sums, factor, block_size)
+
+
+def select_by_bits(src: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``gather(src, set_bit_positions(mask))`` for 1-D int32 ``src`` and an int32 bitmap ``mask``
+    of its elements (no bit set past ``src``): on CPU one native pass, the positions never listed."""
+    if _native.AVAILABLE and _host(src) and _host(mask) and src.dtype == mask.dtype == torch.int32:
+        return torch.from_numpy(_native.select_bits32(mask.numpy(), src.numpy()))
+    return gather(src, set_bit_positions(mask))
+
+
+def place_by_bits(vals: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor:
+    """int32 tensor of ``n`` elements: ``vals`` at the set bits of ``mask`` (all below ``n``), 0
+    elsewhere -- :func:`select_by_bits`'s inverse; on CPU one native pass."""
+    if _native.AVAILABLE and _host(vals) and _host(mask) and vals.dtype == mask.dtype == torch.int32:
+        return torch.from_numpy(_native.place_bits32(mask.numpy(), vals.numpy(), n))
+    out = torch.zeros(n, dtype=torch.int32, device=vals.device)
+    scatter_(out, set_bit_positions(mask), vals)
+    return out
 
 
 def scatter_(out: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:

@@ -17,7 +17,7 @@ from .._cext import load_library
 
 __all__ = ["AVAILABLE", "pack32", "scan32", "set_bits32", "bit_ranks32", "gather32", "decode_into32", "block_peaks32",
            "quantize32", "quantize_at64", "dequantize32", "quantize_place64", "decode_bits32",
-           "count_bits32", "block_peaks_at64"]
+           "count_bits32", "block_peaks_at64", "select_bits32", "place_bits32"]
 
 
 def _load() -> ctypes.CDLL | None:
@@ -52,6 +52,10 @@ def _load() -> ctypes.CDLL | None:
     lib.homagg_decode_bits32.restype = i64
     lib.homagg_block_peaks_at64.argtypes = [ptr, ptr, i64, ctypes.c_int, i64, ptr]
     lib.homagg_block_peaks_at64.restype = i64
+    lib.homagg_select_bits32.argtypes = [ptr, ptr, i64, ptr]
+    lib.homagg_select_bits32.restype = i64
+    lib.homagg_place_bits32.argtypes = [ptr, ptr, i64, ptr, i64]
+    lib.homagg_place_bits32.restype = i64
     return lib
 
 
@@ -273,3 +277,25 @@ def decode_bits32(out: np.ndarray, words: np.ndarray, sums: np.ndarray, factor: 
                                  factor.ctypes.data, factor.size, shift, pos.ctypes.data):
         raise ValueError(f"decode_bits32: {sums.size} sums for the bitmap's set bits, or a bit outside the "
                          f"{out.size} elements / {factor.size} factors")
+
+
+def select_bits32(mask: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """``src[set_bits32(mask)]`` for contiguous 32-bit ``src`` and a bitmap ``mask`` covering it
+    (bits past ``src`` ignored), without listing the positions."""
+    assert _LIB is not None and mask.itemsize == 4 and src.itemsize == 4
+    assert mask.flags.c_contiguous and src.flags.c_contiguous and mask.size >= -(-src.size // 32)
+    out = np.empty(src.size + 1, dtype=np.int32)  # the kernel writes one scratch word past the count
+    count = _LIB.homagg_select_bits32(mask.ctypes.data, src.ctypes.data, src.size, out.ctypes.data)
+    return out[:count].view(src.dtype)
+
+
+def place_bits32(mask: np.ndarray, vals: np.ndarray, nout: int) -> np.ndarray:
+    """int32 ``out`` of ``nout`` words: ``vals`` in order at the set bits of ``mask`` below
+    ``nout``, 0 elsewhere (:func:`select_bits32`'s inverse); :class:`ValueError` unless the mask
+    has exactly ``vals.size`` set bits there."""
+    assert _LIB is not None and mask.itemsize == 4 and mask.flags.c_contiguous and mask.size >= -(-nout // 32)
+    vals = np.ascontiguousarray(vals, dtype=np.int32)
+    out = np.empty(nout, dtype=np.int32)
+    if _LIB.homagg_place_bits32(mask.ctypes.data, vals.ctypes.data, vals.size, out.ctypes.data, nout):
+        raise ValueError(f"place_bits32: {vals.size} words for a mask with another number of set bits")
+    return out

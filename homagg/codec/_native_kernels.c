@@ -371,3 +371,39 @@ HOMAGG_POPCNT int64_t homagg_decode_bits32(float *out, int64_t n, const uint32_t
     }
     return 0;
 }
+
+/* Two-level bitmaps without listing the held words (homagg/codec/_bitmap.py): the words of src
+ * whose bit is set in mask, in order (out: room for their count + 1, one scratch word; returns the
+ * count), and back: out[j] = the next of vals where bit j of mask is set, else 0, for j < nout
+ * (returns -1, nothing written, unless mask holds exactly nvals set bits below nout).  Branch-free:
+ * every word is written, the index advances by the bit. */
+int64_t homagg_select_bits32(const uint32_t *mask, const int32_t *src, int64_t nsrc, int32_t *out) {
+    int64_t k = 0;
+    for (int64_t j = 0; j < nsrc; j++) {
+        out[k] = src[j];
+        k += (mask[j >> 5] >> (j & 31)) & 1u;
+    }
+    return k;
+}
+
+HOMAGG_POPCNT int64_t homagg_place_bits32(const uint32_t *mask, const int32_t *vals, int64_t nvals, int32_t *out,
+                                          int64_t nout) {
+    int64_t count = 0;
+    for (int64_t w = 0; w < nout / 32; w++)
+        count += __builtin_popcount(mask[w]);
+    if (nout % 32)
+        count += __builtin_popcount(mask[nout / 32] & ((1u << (nout % 32)) - 1u));
+    if (count != nvals)
+        return -1;
+    int64_t k = 0;
+    const int64_t last = nvals ? nvals - 1 : 0;
+    const int32_t none = 0;
+    const int32_t *v = nvals ? vals : &none;
+    for (int64_t j = 0; j < nout; j++) {
+        const uint32_t bit = (mask[j >> 5] >> (j & 31)) & 1u;
+        const int32_t x = v[k < last ? k : last];
+        out[j] = bit ? x : 0;
+        k += bit;
+    }
+    return 0;
+}

@@ -281,10 +281,10 @@ def _compact(w: Worker, stats: WorkerStats, levels: int, exponents_done: bool = 
     if not exponents_done:
         combined = w.set_exponents(combined)
     words = combined[0]
-    if levels == 2:  # the union's nonzero bitmap words are known: combine only those
-        held = _bitmap.unpack_positions(words)
-        (selected,) = yield from exchange([Stream("bitmap", CombineOp.OR, _bitmap.select_words(local, held))], stats)
-        words = _bitmap.place_words(selected, held, local.numel())
+    if levels == 2:  # the union's nonzero bitmap words are known (the set bits of ``words``): combine only those
+        held = Stream("bitmap", CombineOp.OR, _bitmap.select_words(local, words))
+        (selected,) = yield from exchange([held], stats)
+        words = _bitmap.place_words(selected, words, local.numel())
     w.union = _bitmap.popcount(words)
     (sums,) = yield from exchange([Stream("values", CombineOp.ADD, w.union_values(words, w.union).reshape(-1))],
                                   stats)

@@ -138,3 +138,10 @@ def test_block_exponents_refuse_non_finite_values_on_both_paths(bad, native, mon
     values = torch.tensor([1.0, bad, -3.0], dtype=torch.float64)
     with pytest.raises(homagg.NonFiniteError, match="non-finite"):
         fp.block_exponents(idx, values, 4096, 1024)
+
+
+def test_native_block_peaks_refuse_a_position_past_the_elements() -> None:
+    if not fp._native.AVAILABLE:
+        pytest.skip("the native kernels were not built")
+    with pytest.raises(ValueError):  # 3000 lies in the last block, but past the 2100 elements
+        fp._native.block_peaks_at64(torch.tensor([5, 3000]).numpy(), torch.ones(2, dtype=torch.float64).numpy(), 2100, 1024)

@@ -109,6 +109,9 @@ def test_fused_kernels_refuse_inconsistent_input() -> None:
         with pytest.raises(ValueError):
             _native.quantize_place64(torch.tensor(own).numpy(), torch.ones(len(own), dtype=torch.float64).numpy(),
                                      block, f1, None, 100.0, words.numpy(), out)
+    with pytest.raises(ValueError):  # fewer slots than the union's set bits
+        _native.quantize_place64(torch.tensor([3]).numpy(), torch.ones(1, dtype=torch.float64).numpy(), block, f1,
+                                 None, 100.0, words.numpy(), out[:3])
     with pytest.raises(ValueError):  # a block without its factor
         _native.quantize_place64(torch.tensor([4000]).numpy(), torch.ones(1, dtype=torch.float64).numpy(), block,
                                  f1[:2], None, 100.0, words.numpy(), out)

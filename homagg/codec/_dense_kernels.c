@@ -98,15 +98,15 @@ HOMAGG_CLONES int64_t homagg_dequantize32(const int32_t *sums, int64_t n, int64_
 
 /* peak[b] = max |v[i]| over the i with idx[i] >> bshift == b (0.0 where none), for b < nblocks.
  * Returns 0, 1 when some value is NaN or +-Inf (the peaks are then not to be used), or -1 when a
- * position lies outside [0, nblocks << bshift) (peak unspecified). */
-HOMAGG_CLONES int64_t homagg_block_peaks_at64(const int64_t *idx, const double *v, int64_t k, int bshift,
+ * position lies outside [0, n) or its block outside [0, nblocks) (peak unspecified). */
+HOMAGG_CLONES int64_t homagg_block_peaks_at64(const int64_t *idx, const double *v, int64_t k, int64_t n, int bshift,
                                               int64_t nblocks, double *peak) {
     for (int64_t b = 0; b < nblocks; b++)
         peak[b] = 0.0;
     int64_t bad = 0;
     for (int64_t i = 0; i < k; i++) {
         const int64_t b = idx[i] >> bshift;
-        if (idx[i] < 0 || b >= nblocks)
+        if (idx[i] < 0 || idx[i] >= n || b >= nblocks)
             return -1;
         const double a = fabs(v[i]);
         bad |= !(a <= DBL_MAX);

@@ -185,7 +185,8 @@ def quantize(idx: torch.Tensor, values: torch.Tensor, exponents: torch.Tensor, b
 def places_natively(idx: torch.Tensor, values: torch.Tensor, words: torch.Tensor, block_size: int) -> bool:
     """Whether :func:`quantize_into_slots` runs (the native kernels, contiguous CPU int64 positions,
     float64 values and int32 bitmap words, blocks of a power of two)."""
-    return (_native.AVAILABLE and block_size & (block_size - 1) == 0 and all(t.device.type == "cpu" and t.is_contiguous() for t in (idx, values, words))
+    return (_native.AVAILABLE and block_size & (block_size - 1) == 0
+            and all(t.device.type == "cpu" and t.is_contiguous() for t in (idx, values, words))
             and idx.dtype == torch.int64 and values.dtype == torch.float64 and words.dtype == torch.int32)
 
 

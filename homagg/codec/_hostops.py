@@ -54,7 +54,7 @@ def nonzeros_and_bitmap(flat: torch.Tensor, capacity: int | None = None) -> tupl
     chunk's values are gathered and its mask packed while the chunk is still in cache
     (``np.packbits``: ~1 ms per 25M elements, against 3-13 ms for :func:`bitmap_of` at 1-10%).
     The native scan lists the positions and values in its pass too while they fit ``capacity``
-    (an expected count, e.g. the last call's union; default an eighth of the elements), else
+    (an expected count, e.g. the last call's local count; default an eighth of the elements), else
     from the bitmap afterwards: the same results either way."""
     positions, values, words = _scan(flat, with_values=True, with_bitmap=True, capacity=capacity)
     assert values is not None

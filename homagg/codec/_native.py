@@ -46,11 +46,11 @@ def _load() -> ctypes.CDLL | None:
     lib.homagg_dequantize32.argtypes = [ptr, i64, i64, ptr, ptr]
     lib.homagg_dequantize32.restype = i64
     lib.homagg_quantize_place64.argtypes = [ptr, ptr, i64, ctypes.c_int, ptr, ptr, i64, ctypes.c_double, ptr, i64,
-                                             ptr, ptr]
+                                             ptr, ptr, i64]
     lib.homagg_quantize_place64.restype = i64
     lib.homagg_decode_bits32.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, i64, ctypes.c_int, ptr]
     lib.homagg_decode_bits32.restype = i64
-    lib.homagg_block_peaks_at64.argtypes = [ptr, ptr, i64, ctypes.c_int, i64, ptr]
+    lib.homagg_block_peaks_at64.argtypes = [ptr, ptr, i64, i64, ctypes.c_int, i64, ptr]
     lib.homagg_block_peaks_at64.restype = i64
     lib.homagg_select_bits32.argtypes = [ptr, ptr, i64, ptr]
     lib.homagg_select_bits32.restype = i64
@@ -180,9 +180,9 @@ def block_peaks_at64(idx: np.ndarray, values: np.ndarray, numel: int, block_size
     assert idx.flags.c_contiguous and values.flags.c_contiguous and block_size >= 1
     assert block_size & (block_size - 1) == 0
     peak = np.empty(-(-numel // block_size), dtype=np.float64)
-    bad = _LIB.homagg_block_peaks_at64(idx.ctypes.data, values.ctypes.data, idx.size, block_size.bit_length() - 1,
-                                       peak.size, peak.ctypes.data) if peak.size else 0
-    if bad < 0 or (idx.size and int(idx.max()) >= numel):
+    bad = _LIB.homagg_block_peaks_at64(idx.ctypes.data, values.ctypes.data, idx.size, numel,
+                                       block_size.bit_length() - 1, peak.size, peak.ctypes.data) if peak.size else 0
+    if bad < 0 or (idx.size and not peak.size):
         raise ValueError(f"block_peaks_at64: a position outside the {numel} elements")
     return peak, bool(bad)
 
@@ -250,15 +250,14 @@ def quantize_place64(idx: np.ndarray, values: np.ndarray, block_size: int, f1: n
     f2 = None if f2 is None else np.ascontiguousarray(f2, dtype=np.float64)
     if f2 is not None and f2.size != f1.size:
         raise ValueError("quantize_place64: the two factor arrays differ in length")
-    if idx.size and out.size < _LIB.homagg_set_bits32(words.ctypes.data, words.size, None):
-        raise ValueError("quantize_place64: fewer slots than the bitmap's set bits")
     if not idx.size:
         return
     before = np.empty(words.size // 8 + 2, dtype=np.int64)
     if _LIB.homagg_quantize_place64(idx.ctypes.data, values.ctypes.data, idx.size, block_size.bit_length() - 1,
                                     f1.ctypes.data, None if f2 is None else f2.ctypes.data, f1.size, limit,
-                                    words.ctypes.data, words.size, before.ctypes.data, out.ctypes.data):
-        raise ValueError("quantize_place64: positions not ascending, outside the factors, or not in the bitmap")
+                                    words.ctypes.data, words.size, before.ctypes.data, out.ctypes.data, out.size):
+        raise ValueError("quantize_place64: fewer slots than the bitmap's set bits, or positions not ascending, "
+                         "outside the factors or not in the bitmap")
 
 
 _DECODE_BATCH = 65536  #: bits homagg_decode_bits32 lists at a time (its batch of 2048 words)
@@ -266,7 +265,7 @@ _DECODE_BATCH = 65536  #: bits homagg_decode_bits32 lists at a time (its batch o
 
 def decode_bits32(out: np.ndarray, words: np.ndarray, sums: np.ndarray, factor: np.ndarray, shift: int) -> None:
     """``decode_into32(out, set_bits32(words), sums, factor, shift)`` without listing the positions
-    (``homagg/codec/_union_kernels.c``); :class:`ValueError` (nothing written) when ``sums`` does
+    (``homagg_decode_bits32``); :class:`ValueError` (nothing written) when ``sums`` does
     not hold one word per set bit, or a set bit lies outside ``out`` or its block outside ``factor``."""
     assert _LIB is not None and out.dtype == np.float32 and out.flags.c_contiguous and factor.dtype == np.float32
     assert words.itemsize == 4 and words.flags.c_contiguous

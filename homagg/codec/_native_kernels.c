@@ -278,15 +278,16 @@ static inline __attribute__((always_inline)) int64_t group_rank(const uint64_t q
 /* compact's encode: each local nonzero's grid word straight into its slot of the union, i.e.
  * out[bit_ranks32(words, idx)] = quantize_at64(idx, v, ...) without the slot array, the grid array
  * or the scatter.  idx strictly ascending, every bit set in the nwords bitmap words; blocks of
- * 2**bshift elements, nblocks factors (f2 may be NULL); before: room for nwords / 8 + 1 counts.  A
- * first pass counts the set bits before every 256-bit group, then each position's slot is that
- * count plus a branch-free popcount inside its group; the float64 steps are quantize_at64's:
- * v * f1 (* f2), round half to even, clamp to [-limit, limit].  Returns 0, or -1 at the first
+ * 2**bshift elements, nblocks factors (f2 may be NULL); before: room for nwords / 8 + 1 counts;
+ * out: nout slots.  A first pass counts the set bits before every 256-bit group, then each
+ * position's slot is that count plus a branch-free popcount inside its group; the float64 steps
+ * are quantize_at64's: v * f1 (* f2), round half to even, clamp to [-limit, limit].  Returns 0;
+ * -1 (nothing written) when the words hold more set bits than nout slots; -1 at the first
  * position that is not ascending, lies outside the bitmap or the factors, or whose bit is clear
  * (out is then partly written: the caller's fresh buffer, discarded). */
 static inline __attribute__((always_inline)) int64_t
 place64(const int64_t *idx, const double *v, int64_t k, int bshift, const double *f1, const double *f2, int64_t nblocks,
-        double limit, const uint32_t *words, int64_t nwords, int64_t *before, int32_t *out) {
+        double limit, const uint32_t *words, int64_t nwords, int64_t *before, int32_t *out, int64_t nout) {
     const int64_t groups = (nwords + 7) / 8;
     uint64_t tail[4] = {0, 0, 0, 0}; /* the last group, zero past the bitmap */
     memcpy(tail, words + 8 * (groups - 1), (size_t)(nwords - 8 * (groups - 1)) * sizeof(uint32_t));
@@ -298,6 +299,8 @@ place64(const int64_t *idx, const double *v, int64_t k, int bshift, const double
         run += __builtin_popcountll(q[0]) + __builtin_popcountll(q[1]) + __builtin_popcountll(q[2]) +
                __builtin_popcountll(q[3]);
     }
+    if (run > nout)
+        return -1;
     int64_t last = -1;
     for (int64_t i = 0; i < k; i++) {
         const int64_t p = idx[i], g = p >> 8, b = p >> bshift;
@@ -322,21 +325,22 @@ place64(const int64_t *idx, const double *v, int64_t k, int bshift, const double
 __attribute__((target("popcnt,sse4.2"))) static int64_t place64_v2(const int64_t *idx, const double *v, int64_t k,
                                                                    int bshift, const double *f1, const double *f2,
                                                                    int64_t nblocks, double limit, const uint32_t *words,
-                                                                   int64_t nwords, int64_t *before, int32_t *out) {
-    return place64(idx, v, k, bshift, f1, f2, nblocks, limit, words, nwords, before, out);
+                                                                   int64_t nwords, int64_t *before, int32_t *out,
+                                                                   int64_t nout) {
+    return place64(idx, v, k, bshift, f1, f2, nblocks, limit, words, nwords, before, out, nout);
 }
 #endif
 
 int64_t homagg_quantize_place64(const int64_t *idx, const double *v, int64_t k, int bshift, const double *f1,
                                 const double *f2, int64_t nblocks, double limit, const uint32_t *words, int64_t nwords,
-                                int64_t *before, int32_t *out) {
+                                int64_t *before, int32_t *out, int64_t nout) {
     if (k == 0 || nwords == 0)
         return k ? -1 : 0;
 #ifdef HOMAGG_X86
     if (__builtin_cpu_supports("popcnt") && __builtin_cpu_supports("sse4.2"))
-        return place64_v2(idx, v, k, bshift, f1, f2, nblocks, limit, words, nwords, before, out);
+        return place64_v2(idx, v, k, bshift, f1, f2, nblocks, limit, words, nwords, before, out, nout);
 #endif
-    return place64(idx, v, k, bshift, f1, f2, nblocks, limit, words, nwords, before, out);
+    return place64(idx, v, k, bshift, f1, f2, nblocks, limit, words, nwords, before, out, nout);
 }
 
 /* compact's decode: out[p] = (float)sums[j] * factor[p >> shift] for the j-th set bit p of the

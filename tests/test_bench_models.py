@@ -94,6 +94,27 @@ def test_sampled_softmax_touches_only_sampled_rows() -> None:
     assert density(model.out_embed.weight.grad) <= rows.numel() / model.vocab
 
 
+def test_charlstm_is_a_small_dense_model_trained_with_adam() -> None:
+    s = spec("charlstm")
+    assert "charlstm" in MODELS and not s.has_embeddings  # no sparse variant
+    torch.manual_seed(0)
+    model = s.build(False)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"charlstm: {params:,} parameters")
+    assert 0.6e6 <= params <= 0.72e6  # ~0.66M
+    assert model.embed.num_embeddings == model.decoder.out_features <= 100  # characters
+    batch = s.batch(torch.Generator().manual_seed(1), s.batch_size)
+    loss = s.loss(model, batch)
+    assert torch.isfinite(loss)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and not p.grad.is_sparse and torch.isfinite(p.grad).all(), name
+        assert density(p.grad) == 1.0, name  # every gradient dense, the embedding's too
+    assert isinstance(s.optimizer(model.parameters()), torch.optim.Adam)
+    assert all(isinstance(spec(n, quick=True).optimizer(model.parameters()), torch.optim.SGD)
+               for n in MODELS if n != "charlstm")
+
+
 def test_unknown_model_is_a_typed_error() -> None:
     from homagg import HomAggError
 

@@ -12,12 +12,14 @@ gloo group (barriers and the exactness reference), then for every model:
 2. ``warmup`` iterations, all but the first (after which DDP rebuilds its buckets) recording every
    bucket's local gradient density (PowerSGD compresses
    from the third iteration on, so the timed ones are compressed);
-3. ``iterations`` timed iterations (zero_grad, forward, backward + communication, SGD step),
+3. ``iterations`` timed iterations (zero_grad, forward, backward + communication, the optimiser's
+   step: the spec's :attr:`~homagg.bench._models_zoo.ModelSpec.optimizer`, SGD unless it says),
    counting the bytes of every ``dist.all_reduce`` payload (gloo methods) or the homagg group's
    ``stats.bytes_sent`` (homagg);
 4. ``iterations`` compute-only iterations: the same work under ``ddp.no_sync()`` (no
    communication at all; all ranks start each one together after a barrier, so the CPU
-   contention is that of training); the parameters are restored afterwards;
+   contention is that of training); the parameters and the optimiser's state (Adam's moments)
+   are restored afterwards;
 5. one check iteration: every bucket's input (already divided by W, as DDP's hook does) and
    output are kept; the float64 sum of all ranks' inputs comes from a gloo all_reduce of float64
    copies, and every output element must lie within homagg's documented bound
@@ -32,6 +34,7 @@ Batches are drawn from generators seeded by (seed, model, rank, iteration).  One
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import os
@@ -235,7 +238,7 @@ def run_model(name: str, method: str, args: argparse.Namespace, pg: Any, side: A
     rec = Recorder(*_inner_hook(method, None))
     rec.serial = method == "powersgd"
     ddp.register_comm_hook(rec, _hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    opt = model_spec.optimizer(ddp.parameters())
     seeds = iter(range(10**6))
 
     def step() -> float:
@@ -261,6 +264,7 @@ def run_model(name: str, method: str, args: argparse.Namespace, pg: Any, side: A
     comm = {k: v - before.get(k, 0) for k, v in _comm_counters(pg).items()}
     print(f"{name}: timed iterations done", flush=True)
     saved = [p.detach().clone() for p in model.parameters()]
+    saved_opt = copy.deepcopy(opt.state_dict())  # local steps would leave each rank's moments different
     compute = []
     for _ in range(args.iterations):
         dist.barrier(group=side)
@@ -269,7 +273,8 @@ def run_model(name: str, method: str, args: argparse.Namespace, pg: Any, side: A
     with torch.no_grad():
         for p, s in zip(model.parameters(), saved):
             p.copy_(s)
-    del saved
+    opt.load_state_dict(saved_opt)
+    del saved, saved_opt
     opt.zero_grad(set_to_none=True)
     rec.record = rec.keep = True
     step()

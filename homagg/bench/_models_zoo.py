@@ -1,4 +1,4 @@
-"""The models of ``homagg bench models``: NCF, an LSTM language model, VGG19 and BERT-base.
+"""The models of ``homagg bench models``: NCF, an LSTM language model, VGG19, BERT-base and a char-LSTM.
 
 Every model is built in plain torch from its architecture, randomly initialised; every batch is
 synthetic, drawn from a :class:`torch.Generator` (nothing is downloaded).  ``quick=True`` gives
@@ -21,12 +21,16 @@ scaled-down variants (small vocabularies, widths and depths) for smoke tests.
 ``bert``    BERT-base: vocabulary 30,522, hidden 768, 12 layers, 12 heads, FFN 3072,
             ``nn.TransformerEncoder``, masked-LM head tied to the word embedding (no NSP head).
             The tied decoder makes the word-embedding gradient dense too.
+``charlstm`` a small dense model: character-level LSTM language model (:class:`LSTMLM` with a full
+            softmax), 96 characters (printable ASCII and newline), embedding 32, 2 x 224 LSTM,
+            ``nn.Linear(224, 96)``: 659,040 parameters, every gradient dense, trained with Adam
+            (the others with plain SGD, :attr:`ModelSpec.optimizer`).
 ==========  =====================================================================================
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -37,8 +41,12 @@ from .._errors import ConfigError
 __all__ = ["MODELS", "ModelSpec", "spec", "density", "NCF", "LSTMLM", "VGG19", "Bert"]
 
 #: models of the default sweep (``lstm-full`` is available by name)
-MODELS = ("ncf", "lstm", "vgg19", "bert")
+MODELS = ("ncf", "lstm", "vgg19", "bert", "charlstm")
 Batch = tuple[Tensor, ...]
+
+
+def _sgd(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.01)
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,8 @@ class ModelSpec:
     batch_size: int  #: default samples per rank and iteration
     has_embeddings: bool  #: a ``sparse=True`` variant makes sense
     summary: str
+    #: ``optimizer(parameters)``: the training step's optimiser (plain SGD, lr 0.01, unless the model says)
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] = _sgd
 
 
 def density(grad: Tensor) -> float:
@@ -156,6 +166,26 @@ def _lstm(quick: bool, full_softmax: bool) -> ModelSpec:
                      f"LSTM LM vocab {vocab:,}, emb {emb}, hidden {hidden} x {layers}, seq {seq}, {softmax}")
 
 
+def _charlstm(quick: bool) -> ModelSpec:
+    """Character-level LSTM LM: a small dense model (no sparse variant: its embedding is 96 x 32)."""
+    vocab, emb, hidden, layers, seq = (96, 16, 32, 1, 16) if quick else (96, 32, 224, 2, 100)
+
+    def batch(gen: torch.Generator, n: int) -> Batch:
+        text = torch.randint(0, vocab, (n, seq + 1), generator=gen)  # uniform: every row of the embedding used
+        return text[:, :-1], text[:, 1:], torch.zeros(0, dtype=torch.int64)
+
+    def loss(model: nn.Module, b: Batch) -> Tensor:
+        return model(*b)
+
+    def adam(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.Adam(params, lr=2e-3)
+
+    return ModelSpec("charlstm", lambda sparse: LSTMLM(vocab, emb, hidden, layers, 0, False), batch, loss,
+                     8 if quick else 16, False,
+                     f"char-LSTM LM vocab {vocab}, emb {emb}, hidden {hidden} x {layers}, seq {seq}, full softmax, "
+                     "Adam", adam)
+
+
 # ---------------------------------------------------------------------------------------------- VGG19
 _VGG19 = [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M"]
 
@@ -251,7 +281,7 @@ def spec(name: str, quick: bool = False) -> ModelSpec:
     """The :class:`ModelSpec` of ``name`` (one of :data:`MODELS` or ``lstm-full``)."""
     builders: dict[str, Callable[[], ModelSpec]] = {
         "ncf": lambda: _ncf(quick), "lstm": lambda: _lstm(quick, False), "lstm-full": lambda: _lstm(quick, True),
-        "vgg19": lambda: _vgg19(quick), "bert": lambda: _bert(quick)}
+        "vgg19": lambda: _vgg19(quick), "bert": lambda: _bert(quick), "charlstm": lambda: _charlstm(quick)}
     if name not in builders:
         raise ConfigError(f"bench models: unknown model {name!r}; choose from {sorted(builders)}")
     return builders[name]()

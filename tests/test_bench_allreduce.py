@@ -7,6 +7,7 @@ point, then the launcher's failure paths are checked with small stand-in rank co
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 
 from homagg import HomAggError
 from homagg.bench._allreduce import RECORD_FIELDS, markdown_table
+from homagg.bench._cpu import median_call_split
 from homagg.bench._allreduce_rank import check_result, make_tensor, oracle, sparse_allgather_bytes
 from homagg.bench._ranks import launch_ranks
 from homagg.cli import main
@@ -47,7 +49,14 @@ def test_records_well_formed(tmp_path_factory: pytest.TempPathFactory) -> None:
         assert (rec["numel"], rec["world"], rec["repeats"]) == (20000, 2, 1)
         assert rec["density"] in (0.01, 1.0)
         assert len(rec["times_s"]) == 1 and rec["median_s"] > 0 and len(rec["load_avg"]) == 3
-        assert rec["machine"]["cpus"] >= 1
+        assert rec["machine"]["cpus"] >= 1 and rec["cpu_load"] == 0
+        # the ranks' CPU per call, split: user + system is the total (the same median call's parts)
+        total, user, system = rec["cpu_s_per_call"], rec["cpu_user_s_per_call"], rec["cpu_sys_s_per_call"]
+        assert total is not None and user is not None and system is not None, rec
+        assert user >= 0 and system >= 0 and user + system == pytest.approx(total, abs=1e-9)
+        # the switch emulator's CPU: homagg's embedded one (rank 0's child process), none for gloo
+        assert (rec["switch_cpu_s_per_call"] is None) == (rec["backend"] != "homagg"), rec
+        assert rec["switch_cpu_s_per_call"] is None or rec["switch_cpu_s_per_call"] >= 0
         if rec["backend"] == "gloo":
             assert rec["scheme"] is None and rec["speedup_vs_gloo"] is None
             assert rec["rounds_per_allreduce"] is None and rec["retransmits"] is None
@@ -63,6 +72,9 @@ def test_records_well_formed(tmp_path_factory: pytest.TempPathFactory) -> None:
                                                               ("homagg", "compact"), ("homagg", "dense")}
     table = (run["out"] / "table.md").read_text()
     assert "homagg/compact" in table and "| gloo |" in table and "| gloo-sparse |" in table
+    assert "| ranks' CPU ms (user+sys) | switch CPU ms |" in table
+    assert table.splitlines()[0].count("background load: none") == 1  # the header line
+    assert run["report"]["cpu_load"] == 0
     assert (run["out"] / "speedup.png").stat().st_size > 0
 
 
@@ -112,15 +124,46 @@ def test_markdown_table_marks_inexact() -> None:
            "speedup_vs_gloo": None, "rounds_per_allreduce": 1.0, "bytes_per_worker": 40.0,
            "retransmits": None, "exact": False}
     assert "| NO |" in markdown_table([rec])
+    assert "| - | - | NO |" in markdown_table([rec])  # no CPU figures: dashes
+    rec.update(cpu_s_per_call=0.233, cpu_user_s_per_call=0.151, cpu_sys_s_per_call=0.082, switch_cpu_s_per_call=0.0125)
+    assert "| 233 (151+82) | 12.5 | NO |" in markdown_table([rec])
+
+
+def test_cpu_split_is_the_median_calls() -> None:
+    """user and system come from the same (median) call, so they add up to the total."""
+    assert median_call_split([3.0, 1.0, 2.0], [2.5, 0.1, 1.0], [0.5, 0.9, 1.0]) == (2.0, 1.0, 1.0)
+    total, user, system = median_call_split([4.0, 1.0, 3.0, 2.0], [1.0, 0.5, 2.0, 0.5], [3.0, 0.5, 1.0, 1.5])
+    assert (total, user, system) == (2.5, 1.25, 1.25)  # the calls of totals 2 and 3, averaged
+    assert median_call_split([1.0], None, None) == (1.0, None, None)
+    assert median_call_split([], [], []) == (None, None, None)
+
+
+def load_children() -> set[int]:
+    """This process's children that run a busy loop of ``--cpu-load`` (``/proc``)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and b"homagg.bench._load" in cmdline:
+            found.add(int(stat.parent.name))
+    return found
 
 
 def test_codec_options_reach_the_ranks(tmp_path: Path) -> None:
-    """``--codec`` travels to every homagg rank: 20,000 elements in segments of 8,192 take 3."""
+    """``--codec`` travels to every homagg rank: 20,000 elements in segments of 8,192 take 3.
+    (The run also has one busy background process, ``--cpu-load 1``: recorded and gone after.)"""
     argv = ["bench", "allreduce", "--numel", "20000", "--density", "0.01", "--world", "2", "--schemes", "compact",
             "--repeats", "1", "--baselines", "gloo", "--codec", "segment=8192,bitmap_levels=2", "--out", str(tmp_path),
-            "--no-plot"]
+            "--no-plot", "--cpu-load", "1"]
     assert main(argv) == 0
-    records = json.loads((tmp_path / "records.json").read_text())["records"]
+    assert load_children() == set()  # the busy process was killed and reaped
+    report = json.loads((tmp_path / "records.json").read_text())
+    assert report["cpu_load"] == 1 and {r["cpu_load"] for r in report["records"]} == {1}
+    assert "background load: 1 busy process at nice 19" in (tmp_path / "table.md").read_text().splitlines()[0]
+    records = report["records"]
     mine = [r for r in records if r["backend"] == "homagg"]
     assert len(mine) == 1 and mine[0]["exact"]
     assert mine[0]["codec"] == {"segment": 8192, "bitmap_levels": 2} and mine[0]["segments_per_allreduce"] == 3

@@ -138,6 +138,8 @@ def test_merge_takes_the_slowest_rank_and_checks_agreement() -> None:
     assert rec["exact"] and rec["lossless"]
     for name, types in RECORD_FIELDS.items():
         assert isinstance(rec[name], types), name
+    assert rec["cpu_load"] == 0  # no --cpu-load
+    assert _merge([_line("gloo", [1.0] * 3)] * 2, 2, 1.0, 3, {}, cpu_load=2)["cpu_load"] == 2
     assert not _merge([_line("homagg", [1.0] * 3), _line("homagg", [1.0] * 3, "q")], 2, 1.0, 3, {})["exact"]
     assert not _merge([_line("homagg", [1.0] * 3, within=False)] * 2, 2, 1.0, 3, {})["exact"]
     lossy = _merge([_line("fp16", [1.0] * 3)] * 2, 2, 1.0, 3, {})

@@ -10,9 +10,14 @@ large tensor's pipelined segments overlap, so rounds are then per segment, besid
 ``segments_per_allreduce``), the
 UDP port's retransmissions per call (summed over ranks), the ranks' CPU time and minor page faults
 per call (``getrusage`` of each rank process around the call, every thread; summed over ranks,
-median over calls: ``cpu_s_per_call``, ``faults_per_call``; a switch process is not in it), and
-``exact``: every rank's result equals
-rank 0's bit for bit and lies within the documented bound of the float64 sum.
+median over calls: ``cpu_s_per_call``, ``faults_per_call``; a switch process is not in it), that
+CPU split into user and kernel time (``cpu_user_s_per_call`` + ``cpu_sys_s_per_call`` =
+``cpu_s_per_call``: the parts of the median call), the switch emulator's CPU per call
+(``switch_cpu_s_per_call``: its process's ``/proc`` user + system time, every thread, read by rank
+0 around each call; the mean over calls, as ``/proc`` counts 10 ms ticks; null for the gloo
+baselines, an external switch or one running inside a rank), ``cpu_load`` (``--cpu-load``: busy
+background processes at nice 19, :mod:`homagg.bench._load`), and ``exact``: every rank's result
+equals rank 0's bit for bit and lies within the documented bound of the float64 sum.
 
 Output: JSON records (``--json``, and ``records.json`` in ``--out``), ``table.md`` (also printed)
 and ``speedup.png`` (speedup vs density, one panel per (numel, world)).  Exit status 1 if a homagg
@@ -34,6 +39,8 @@ from typing import Any
 
 from ..codec._config import SCHEMES, CodecConfig
 from .._errors import HomAggError
+from ._cpu import median_call_split
+from ._load import BackgroundLoad, add_cpu_load_argument, describe_load
 from ._ranks import RECORD_MARK, launch_ranks
 from ._report import RETX_KEYS, load_range, out_folder, write_report
 
@@ -55,9 +62,10 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "segments_per_allreduce": (float, type(None)), "bytes_per_worker": (float,),
     "speedup_vs_gloo": (float, type(None)), "retransmits": (float, type(None)),
     "fast_retransmits": (float, type(None)), "spurious_retransmits": (float, type(None)), "exact": (bool,),
-    "max_abs_err": (float,), "cpu_s_per_call": (float, type(None)), "faults_per_call": (float, type(None)),
-    "times_s": (list,), "repeats": (int,), "load_avg": (list,), "machine": (dict,),
-    "codec": (dict,),
+    "max_abs_err": (float,), "cpu_s_per_call": (float, type(None)), "cpu_user_s_per_call": (float, type(None)),
+    "cpu_sys_s_per_call": (float, type(None)), "switch_cpu_s_per_call": (float, type(None)),
+    "faults_per_call": (float, type(None)), "times_s": (list,), "repeats": (int,), "load_avg": (list,),
+    "machine": (dict,), "codec": (dict,), "cpu_load": (int,),
 }
 
 
@@ -122,6 +130,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, timeout: float) -> None
                                                     "(default results/bench-<command>-<time>)")
     parser.add_argument("--json", default=None, help="also write the JSON records here")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    add_cpu_load_argument(parser)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -179,10 +188,18 @@ def _merge(backend: str, scheme: str | None, world: int, lines: list[dict[str, A
     rounds = per_call("rounds", max) if homagg else None
     if rounds is not None and segments:
         rounds /= segments
-    def summed(key: str) -> float | None:  # median over calls of the sum over ranks
-        if any(key not in ln for ln in lines):
+    def per_rank_sum(key: str) -> list[float] | None:  # per call, the sum over ranks
+        if any(ln.get(key) is None for ln in lines):
             return None
-        return float(statistics.median([sum(col) for col in zip(*(ln[key] for ln in lines))]))
+        return [float(sum(col)) for col in zip(*(ln[key] for ln in lines))]
+
+    def summed(key: str) -> float | None:  # median over calls of the sum over ranks
+        values = per_rank_sum(key)
+        return None if values is None else float(statistics.median(values))
+
+    cpu, cpu_user, cpu_sys = median_call_split(per_rank_sum("cpu") or [], per_rank_sum("cpu_user"),
+                                               per_rank_sum("cpu_sys"))
+    switch_cpu = first.get("switch_cpu")  # rank 0's readings; mean over calls (/proc's 10 ms ticks)
 
     return {"backend": backend, "scheme": scheme, "numel": numel, "density": float(first["density"]),
             "world": world, "median_s": float(statistics.median(slowest)),
@@ -190,8 +207,10 @@ def _merge(backend: str, scheme: str | None, world: int, lines: list[dict[str, A
             "bytes_per_worker": float(bytes_per if bytes_per is not None else -1.0),
             "speedup_vs_gloo": None, **{k: per_call(k, sum) if homagg else None for k in RETX_KEYS},
             "exact": bool(same and first["within_bound"]), "max_abs_err": float(first["max_abs_err"]),
-            "cpu_s_per_call": summed("cpu"), "faults_per_call": summed("faults"), "times_s": slowest, "repeats": calls, "load_avg": [round(v, 2) for v in first["load_avg"]],
-            "machine": machine}
+            "cpu_s_per_call": cpu, "cpu_user_s_per_call": cpu_user, "cpu_sys_s_per_call": cpu_sys,
+            "switch_cpu_s_per_call": float(statistics.fmean(switch_cpu)) if switch_cpu else None,
+            "faults_per_call": summed("faults"), "times_s": slowest, "repeats": calls,
+            "load_avg": [round(v, 2) for v in first["load_avg"]], "machine": machine}
 
 
 def _units(sweep: dict[str, Any], isolate: bool) -> list[tuple[int, str, str | None, list[int], list[float]]]:
@@ -251,8 +270,8 @@ def _measure(sweep: dict[str, Any], args: argparse.Namespace, machine: dict[str,
                 raise HomAggError(f"bench allreduce ({name}, world {world}): rank {short[0]} reported "
                                   f"{len(reports[short[0]])} of {len(numels) * len(densities)} configurations; "
                                   f"its stdout: {outs[short[0]][-20:]}")
-            records += [{**_merge(backend, scheme, world, list(lines), machine), "codec": codec}
-                        for lines in zip(*reports)]
+            records += [{**_merge(backend, scheme, world, list(lines), machine), "codec": codec,
+                         "cpu_load": args.cpu_load} for lines in zip(*reports)]
     gloo = {(r["numel"], r["density"], r["world"]): r["median_s"] for r in records if r["backend"] == "gloo"}
     for r in records:
         base = gloo.get((r["numel"], r["density"], r["world"]))
@@ -269,6 +288,14 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else 1e3 * seconds
 
 
+def _cpu_cell(r: dict[str, Any]) -> str:
+    """The ranks' CPU ms per call as ``total (user+sys)``, e.g. ``233 (151+82)``."""
+    total, user, system = (_ms(r.get(k)) for k in ("cpu_s_per_call", "cpu_user_s_per_call", "cpu_sys_s_per_call"))
+    if total is None or user is None or system is None:
+        return _fmt(total, ".0f")
+    return f"{total:.0f} ({user:.0f}+{system:.0f})"
+
+
 def markdown_table(records: Sequence[dict[str, Any]], limits: bool = False) -> str:
     """One row per record, ordered by numel, world, density, then gloo and the schemes; with
     ``limits``, also each record's ``physical_limit_speedup`` and ``ratio_to_limit``."""
@@ -276,8 +303,8 @@ def markdown_table(records: Sequence[dict[str, Any]], limits: bool = False) -> s
     rows = sorted(records, key=lambda r: (r["numel"], r["world"], r["density"],
                                           order.get(r["scheme"] or r["backend"], 9)))
     out = ["| numel | world | density | backend | median ms | x gloo | rounds/call | MB/worker | retrans/call | "
-           "ranks' CPU ms | exact |",
-           "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+           "ranks' CPU ms (user+sys) | switch CPU ms | exact |",
+           "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     if limits:
         out = [out[0] + " limit x | of limit |", out[1] + "---:|---:|"]
     for r in rows:
@@ -285,7 +312,8 @@ def markdown_table(records: Sequence[dict[str, Any]], limits: bool = False) -> s
         out.append(f"| {r['numel']:,} | {r['world']} | {r['density']:g} | {name} | {r['median_s'] * 1e3:.1f} | "
                    f"{_fmt(r['speedup_vs_gloo'], '.2f')} | {_fmt(r['rounds_per_allreduce'], '.1f')} | "
                    f"{r['bytes_per_worker'] / 1e6:.3g} | {_fmt(r['retransmits'], '.1f')} | "
-                   f"{_fmt(_ms(r.get('cpu_s_per_call')), '.0f')} | {'yes' if r['exact'] else 'NO'} |"
+                   f"{_cpu_cell(r)} | {_fmt(_ms(r.get('switch_cpu_s_per_call')), '.1f')} | "
+                   f"{'yes' if r['exact'] else 'NO'} |"
                    + (f" {_fmt(r.get('physical_limit_speedup'), '.2f')} | {_fmt(r.get('ratio_to_limit'), '.2f')} |"
                       if limits else ""))
     return "\n".join(out)
@@ -340,11 +368,13 @@ def run(args: argparse.Namespace) -> int:
     out_dir = out_folder(args.out, "allreduce")
     machine = _machine()
     started = time.monotonic()
-    records = _measure(sweep, args, machine)
-    report = {"benchmark": "allreduce", "sweep": sweep, "machine": machine,
+    with BackgroundLoad(args.cpu_load):
+        records = _measure(sweep, args, machine)
+    report = {"benchmark": "allreduce", "sweep": sweep, "machine": machine, "cpu_load": args.cpu_load,
               "wall_s": round(time.monotonic() - started, 1), "records": records}
     header = (f"machine: {machine['platform']}, {machine['cpus']} cpus; {load_range(records)}; "
-              f"{sweep['repeats']} repeats, medians of the slowest rank; wall {report['wall_s']} s")
+              f"{describe_load(args.cpu_load)}; {sweep['repeats']} repeats, medians of the slowest rank; "
+              f"wall {report['wall_s']} s")
     write_report(out_dir, report, header, markdown_table(records), json_copy=args.json, no_plot=args.no_plot,
                  plots=[("speedup.png", lambda path: _plot(records, path))], command="bench allreduce")
     inexact = [r for r in records if r["backend"] == "homagg" and not r["exact"]]

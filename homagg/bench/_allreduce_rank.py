@@ -16,6 +16,11 @@ against the float64 sum with the documented bound (``homagg/codec/_fixedpoint.py
 ``|result - exact| <= W * 2**-22 * M``, ``M`` = max|x| over the element's block and all ranks.
 Every rank reports a digest of every result, so the launcher can check that all ranks got rank 0's
 result bit for bit without shipping tensors.
+
+CPU per timed call: every rank its own user and system seconds (``getrusage``, every thread);
+rank 0 also the switch emulator's (:func:`switch_pid`: ``/proc/<pid>/stat``, every thread, read
+before the call's first barrier and after its second, when the emulator has nothing else to do:
+homagg's barriers run on gloo), ``None`` where the emulator's process is not known or not its own.
 """
 
 from __future__ import annotations
@@ -31,10 +36,11 @@ from typing import Any
 
 import torch
 
+from ._cpu import SWITCH_PID_ENV, process_cpu
 from ._ranks import RECORD_MARK, die_with_launcher
 from ._report import RETX_KEYS
 
-__all__ = ["make_tensor", "oracle", "check_result", "rank_main", "sparse_allgather_bytes"]
+__all__ = ["make_tensor", "oracle", "check_result", "rank_main", "sparse_allgather_bytes", "switch_pid"]
 
 
 def _seed(*parts: object) -> int:
@@ -109,6 +115,21 @@ def _counters(pg: Any) -> tuple[int, int, dict[str, int] | None, int] | None:
     return int(stats.rounds), int(stats.bytes_sent), retrans, int(stats.segments)
 
 
+def switch_pid(pg: Any) -> int | None:
+    """The pid of the switch emulator process a homagg group aggregates through, where the
+    benchmark started it: :data:`~homagg.bench._cpu.SWITCH_PID_ENV` (``bench net``: the emulator
+    on the switch host), else the embedded emulator this process's group started (group rank 0,
+    ``bench allreduce`` on loopback).  ``None`` for other backends, an external switch, or an
+    emulator running in this process (its CPU then is this rank's: not separable)."""
+    if getattr(pg, "stats", None) is None:
+        return None
+    if os.environ.get(SWITCH_PID_ENV, "").isdigit():
+        return int(os.environ[SWITCH_PID_ENV])
+    emulator = getattr(getattr(pg, "switch", None), "emulator", None)
+    pid = getattr(getattr(emulator, "process", None), "pid", None)
+    return pid if isinstance(pid, int) else None
+
+
 def sparse_allgather_bytes(nnz: int, world: int, ndim: int = 1, elem_size: int = 4) -> int:
     """Bytes a rank sends in gloo's sparse all_reduce: a ring all-gather forwards the other
     ``world - 1`` ranks' (int64 indices, values) once each (``nnz`` per rank; sizes metadata
@@ -141,7 +162,11 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
     exact, bound = oracle(numel, density, world, seed, block) if rank == 0 else (None, None)
     times: list[float] = []
     cpu: list[float] = []  # this process's user + system CPU seconds in each timed call (every thread)
+    cpu_user: list[float] = []  # of them, user
+    cpu_sys: list[float] = []  # and system (kernel)
     faults: list[int] = []  # its minor page faults in each timed call
+    switch = switch_pid(pg) if rank == 0 else None
+    switch_cpu: list[float] | None = [] if switch is not None else None  # the emulator's CPU seconds per call
     digests: list[str] = []
     ok, max_err = True, 0.0
     before = _counters(pg)
@@ -149,6 +174,7 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
         if call == 1:
             before = _counters(pg)  # stats of the timed calls only (the warm-up is call 0)
         buf = x.clone()
+        sw0 = process_cpu(switch) if switch is not None else None
         dist.barrier()
         use0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
@@ -158,10 +184,19 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
         # Every rank has finished the timed call before any rank checks or digests its result: on a
         # shared host a fast rank's checking would otherwise steal CPU from a rank still in the call.
         dist.barrier()
+        sw1 = process_cpu(switch) if switch is not None else None
         if call:
             times.append(elapsed)
-            cpu.append(use1.ru_utime + use1.ru_stime - use0.ru_utime - use0.ru_stime)
+            user, system = use1.ru_utime - use0.ru_utime, use1.ru_stime - use0.ru_stime
+            cpu.append(user + system)
+            cpu_user.append(user)
+            cpu_sys.append(system)
             faults.append(use1.ru_minflt - use0.ru_minflt)
+            if switch_cpu is not None:
+                if sw0 is None or sw1 is None:  # the emulator went away: no figure
+                    switch_cpu = None
+                else:
+                    switch_cpu.append(sum(sw1) - sum(sw0))
         if sparse:
             buf = buf.to_dense()
         digests.append(hashlib.blake2b(buf.numpy()).hexdigest())
@@ -172,7 +207,8 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
         # progress: every stdout line resets the launcher's stall timer (a slow configuration is no hang)
         print(f"call {call} of {repeats} done ({numel} elements, density {density})", flush=True)
     after = _counters(pg)
-    out: dict[str, Any] = {"numel": numel, "density": density, "times": times, "cpu": cpu, "faults": faults,
+    out: dict[str, Any] = {"numel": numel, "density": density, "times": times, "cpu": cpu, "cpu_user": cpu_user,
+                           "cpu_sys": cpu_sys, "faults": faults, "switch_cpu": switch_cpu,
                            "digests": digests,
                            "load_avg": list(load), "rounds": None, "bytes": None, "segments": None,
                            **dict.fromkeys(RETX_KEYS)}

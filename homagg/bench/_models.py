@@ -29,7 +29,8 @@ local gradient density over the DDP buckets) and ``bucket_density``, ``max_rel_e
 bucket, the slowest rank's median time after the step began at which the hook was called / the
 result was ready; DDP's communication runs one bucket after the other), ``comm_counters`` (homagg:
 rank 0's codec and port counters over the timed iterations, e.g. ``scheme:compact`` = segments
-that scheme carried, ``rounds``, ``port:packets``) and ``retransmits`` (all ranks).  Also
+that scheme carried, ``rounds``, ``port:packets``) and ``retransmits`` (all ranks); ``cpu_load``
+(``--cpu-load N``: N busy processes at nice 19 beside the run, :mod:`homagg.bench._load`).  Also
 ``table.md`` and ``iteration.png`` (matplotlib, optional).
 """
 
@@ -47,6 +48,7 @@ from ._allreduce import _machine, _names
 from ._models_rank import COMPRESS, LOSSY, METHODS
 from ._models_zoo import MODELS, spec
 from ._models_out import markdown_table, plot
+from ._load import BackgroundLoad, add_cpu_load_argument, describe_load
 from ._net import add_replication_argument
 from ._netns import MAX_MTU, MTU, require_root
 from ._ranks import RECORD_MARK, launch_ranks
@@ -61,6 +63,7 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "compute_s": (float,), "comm_s": (float,), "bytes_per_worker": (float,), "speedup_vs_gloo": (float, type(None)),
     "bytes_ratio_vs_gloo": (float, type(None)), "lossless": (bool,), "exact": (bool,), "density": (float,), "bucket_density": (list,), "bucket_numel": (list,),
     "max_rel_err": (float,), "params": (int,), "iterations": (int,), "load_avg": (list,), "machine": (dict,),
+    "cpu_load": (int,),
 }
 
 
@@ -89,6 +92,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="output folder (default results/bench-models-<time>)")
     parser.add_argument("--json", default=None, help="also write the JSON report here")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    add_cpu_load_argument(parser)
     parser.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--_method", default="gloo", help=argparse.SUPPRESS)
     parser.add_argument("--_codec", default="{}", help=argparse.SUPPRESS)
@@ -97,8 +101,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _merge(lines: list[dict[str, Any]], world: int, bw: float | None, iterations: int,
-           machine: dict[str, Any], mtu: int | None = None, replication: str | None = None) -> dict[str, Any]:
-    """One record from every rank's report of one (model, method) (``lines[r]``: rank r's)."""
+           machine: dict[str, Any], mtu: int | None = None, replication: str | None = None,
+           cpu_load: int = 0) -> dict[str, Any]:
+    """One record from every rank's report of one (model, method) (``lines[r]``: rank r's);
+    ``cpu_load``: the background processes beside the run."""
     first = lines[0]
     method = first["method"]
     slowest = [max(col) for col in zip(*(ln["times"] for ln in lines))]
@@ -120,7 +126,7 @@ def _merge(lines: list[dict[str, Any]], world: int, bw: float | None, iterations
             "bucket_density": dens, "bucket_numel": numel, "max_rel_err": float(first["max_rel_err"]),
             "max_abs_err": float(first["max_abs_err"]), "params": int(first["params"]), "batch": first["batch"],
             "summary": first["summary"], "iterations": iterations, "times_s": slowest, "compute_times_s": compute,
-            "load_avg": [round(v, 2) for v in first["load_avg"]], "machine": machine,
+            "load_avg": [round(v, 2) for v in first["load_avg"]], "machine": machine, "cpu_load": cpu_load,
             # per bucket (DDP's order), the slowest rank's median: hook called / result ready, s after the step began
             "bucket_issued_s": [max(c) for c in zip(*(ln.get("bucket_issued_s", []) for ln in lines))],
             "bucket_done_s": [max(c) for c in zip(*(ln.get("bucket_done_s", []) for ln in lines))],
@@ -174,8 +180,8 @@ def _measure(args: argparse.Namespace, models: list[str], methods: list[str], ma
                     raise HomAggError(f"bench models ({method}): rank {short[0]} reported {len(reports[short[0]])} "
                                       f"of {len(names)} models; its stdout: {outs[short[0]][-20:]}")
                 mtu, replication = (None, None) if net is None else (args.mtu, args.replication)
-                records += [_merge(list(lines), args.world, bw, args.iterations, machine, mtu, replication)
-                            for lines in zip(*reports)]
+                records += [_merge(list(lines), args.world, bw, args.iterations, machine, mtu, replication,
+                                   args.cpu_load) for lines in zip(*reports)]
     finally:
         if net is not None:
             net.close()
@@ -215,16 +221,19 @@ def run(args: argparse.Namespace) -> int:
     out_dir = out_folder(args.out, "models")
     machine = _machine()
     started = time.monotonic()
-    records = _measure(args, models, methods, machine)
+    with BackgroundLoad(args.cpu_load):
+        records = _measure(args, models, methods, machine)
     links = ("loopback, not shaped" if args.loopback
              else f"tc tbf {args.bw:g} Mbit/s per direction, MTU {args.mtu}; no delay or loss; "
                   f"results by {args.replication}; homagg codec: bandwidth_gbps={args.bw / 1000:g} (the links' "
                   f"rate, for auto's cost model)")
     report = {"benchmark": "models", "quick": args.quick, "world": args.world, "links": links, "machine": machine,
-              "iterations": args.iterations, "warmup": args.warmup, "wall_s": round(time.monotonic() - started, 1),
+              "iterations": args.iterations, "warmup": args.warmup, "cpu_load": args.cpu_load,
+              "wall_s": round(time.monotonic() - started, 1),
               "records": records}
     header = (f"machine: {machine['platform']}, {machine['cpus']} cpus; {load_range(records)}; "
-              f"world {args.world}; links: {links}; {args.iterations} timed iterations, medians of the slowest "
+              f"{describe_load(args.cpu_load)}; world {args.world}; links: {links}; {args.iterations} timed "
+              f"iterations, medians of the slowest "
               f"rank; wall {report['wall_s']} s{' (quick models)' if args.quick else ''}")
     write_report(out_dir, report, header, markdown_table(records), json_copy=args.json, no_plot=args.no_plot,
                  plots=[("iteration.png", lambda path: plot(records, path))], command="bench models")

@@ -16,7 +16,10 @@ MTU means fewer datagrams for the emulator and the ranks to handle), ``replicati
 (``multicast``: the emulator sends each result once to the job's group and the switch host's
 bridge copies it to every link, as a switch's multicast group does; ``unicast``: one send per
 worker; the links carry the same bytes either way), ``physical_limit_speedup``
-(ring bytes per worker / this method's bytes per worker) and ``ratio_to_limit`` (``speedup_vs_gloo / physical_limit_speedup``).  Needs root; without it
+(ring bytes per worker / this method's bytes per worker) and ``ratio_to_limit``
+(``speedup_vs_gloo / physical_limit_speedup``); ``switch_cpu_s_per_call`` is the emulator's on
+the switch host (its process, started here; null for the gloo methods).  ``--cpu-load N`` runs N
+busy processes at nice 19 on the host meanwhile (:mod:`homagg.bench._load`).  Needs root; without it
 the command says what it needs and exits non-zero (no loopback fallback).  Links have no delay or
 loss (this kernel has no ``netem``): the comparison is about bandwidth only.
 
@@ -37,6 +40,7 @@ from .._errors import HomAggError
 from ._allreduce import _floats, _machine, _measure, _sweep, add_sweep_arguments, markdown_table
 from ..transport._fastpath import gso_env
 from ..wire import words_for_mtu
+from ._load import BackgroundLoad, describe_load
 from ._netns import MAX_MTU, MTU, REPLICATIONS, StarNet, require_root
 from ._report import load_range, out_folder, write_report
 
@@ -134,22 +138,24 @@ def run(args: argparse.Namespace) -> int:
     machine = _machine()
     started = time.monotonic()
     records: list[dict[str, Any]] = []
-    for bw in bws:
-        for world in sweep["world"]:
-            with StarNet(world, bw, args.mtu, args.replication) as net:
-                one = {**sweep, "world": [world]}
-                found = _measure(one, args, machine, launch=net.launch, title=f"bench net {bw:g} Mbit/s",
-                                 codec_defaults={"bandwidth_gbps": bw / 1000})
-            records += [_with_limits(r, bw, args.mtu, args.replication) for r in found]
+    with BackgroundLoad(args.cpu_load):
+        for bw in bws:
+            for world in sweep["world"]:
+                with StarNet(world, bw, args.mtu, args.replication) as net:
+                    one = {**sweep, "world": [world]}
+                    found = _measure(one, args, machine, launch=net.launch, title=f"bench net {bw:g} Mbit/s",
+                                     codec_defaults={"bandwidth_gbps": bw / 1000})
+                records += [_with_limits(r, bw, args.mtu, args.replication) for r in found]
     links = (f"tc tbf rate per direction, MTU {args.mtu} ({words_for_mtu(args.mtu)} words per homagg datagram); "
              f"no delay or loss (no netem here); results by {args.replication}; "
              f"worker sends as UDP GSO: {_gso_on()}")
     report = {"benchmark": "net", "links": links, "mtu": args.mtu, "replication": args.replication,
-              "bw_mbit": bws, "sweep": sweep, "machine": machine, "codec": args.codec,
+              "bw_mbit": bws, "sweep": sweep, "machine": machine, "codec": args.codec, "cpu_load": args.cpu_load,
               "wall_s": round(time.monotonic() - started, 1), "records": records}
     codec = ", ".join(["bandwidth_gbps = the links' rate (auto's cost model)"]
                       + [f"{k}={v}" for k, v in args.codec.items()])
     header = (f"machine: {machine['platform']}, {machine['cpus']} cpus; {load_range(records)}; "
+              f"{describe_load(args.cpu_load)}; "
               f"{sweep['repeats']} repeats, medians of the slowest rank; links: {links}; homagg codec: {codec}; "
               f"wall {report['wall_s']} s")
     lines = []

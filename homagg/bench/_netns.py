@@ -40,6 +40,7 @@ from typing import Any
 from .._errors import ConfigError, HomAggError
 from ..transport._auth import SECRET_ENV, SECRET_FILE_ENV, new_secret
 from ..wire import words_for_mtu
+from ._cpu import SWITCH_PID_ENV
 from ._ranks import launch_ranks
 
 __all__ = ["StarNet", "SWITCH_IP", "MTU", "REPLICATIONS", "require_root"]
@@ -184,8 +185,11 @@ class StarNet:
     # ------------------------------------------------------------------ ranks
     def rank_env(self, rank: int) -> dict[str, str]:
         """What a rank in namespace ``rank`` needs: gloo's interface, the rendezvous, the switch and
-        its control secret."""
-        return {"GLOO_SOCKET_IFNAME": f"hw{rank}", "HOMAGG_SWITCH": f"{SWITCH_IP}:{SWITCH_PORT}", SECRET_ENV: self.secret,
+        its control secret (and the emulator's pid, whose CPU a benchmark's rank 0 reads in ``/proc``:
+        ``ip netns exec`` runs it in place, and namespaces share the host's process ids)."""
+        pid = {SWITCH_PID_ENV: str(self.emulator.pid)} if self.emulator is not None else {}
+        return {**pid, "GLOO_SOCKET_IFNAME": f"hw{rank}", "HOMAGG_SWITCH": f"{SWITCH_IP}:{SWITCH_PORT}",
+                SECRET_ENV: self.secret,
                 "HOMAGG_WORDS_PER_PACKET": str(words_for_mtu(self.mtu)),
                 "HOMAGG_SLOTS": os.environ.get("HOMAGG_SLOTS", "64"),  # the job's slots: its send window
                 # the switch here is the UDP emulator: a worker's GSO packet crosses the veth and the

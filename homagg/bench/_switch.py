@@ -49,6 +49,7 @@ import torch
 
 from .._errors import ConfigError, ProtocolError
 from ..wire import HEADER_LEN
+from ._cpu import thread_cpu
 from ._report import RETX_KEYS
 
 __all__ = ["configure_parser", "run", "measure"]
@@ -91,14 +92,14 @@ def _worker(rank: int, cfg: dict[str, Any], barrier: Any) -> dict[str, Any]:
             barrier.wait(cfg["timeout"])
             if prof is not None:
                 prof.enable()
-            sw0 = _thread_cpu(cfg["switch_pid"]) if rank == 0 else {}
+            sw0 = thread_cpu(cfg["switch_pid"]) if rank == 0 else {}
             t0, ru0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
             (out,) = port.combine([Stream("data", CombineOp.ADD, data)])
             homagg_t.append(time.perf_counter() - t0)
             ru1 = resource.getrusage(resource.RUSAGE_SELF)
             homagg_cpu.append((ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime))
             if rank == 0:
-                sw1 = _thread_cpu(cfg["switch_pid"])
+                sw1 = thread_cpu(cfg["switch_pid"])
                 switch_cpu.append({k: v - sw0.get(k, 0.0) for k, v in sw1.items()})
             if prof is not None:
                 prof.disable()
@@ -120,24 +121,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) per thread of process ``pid``, by thread name, and the system
-    part as ``<name>_sys`` (``/proc``; the emulator's data loop is the main thread: ``data``)."""
-    out: dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            stat = (task / "stat").read_text()
-            name = (task / "comm").read_text().strip()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        name = "data" if task.name == str(pid) else name  # the main thread serves the data socket
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-        out[name + "_sys"] = out.get(name + "_sys", 0.0) + int(fields[12]) / tick
-    return out
 
 
 def measure(workers: int, numel: int, *, words_per_packet: int = 16000, slots: int = 64, repeats: int = 5,

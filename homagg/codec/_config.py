@@ -40,6 +40,16 @@ class CodecConfig:
                      only the words the union holds: one more round, far fewer words at low
                      density) or None (by ``auto``'s cost model, from the union size agreed on an
                      earlier call or estimated on this one; 1 when neither is known).
+    guess_window     steady-state calls (a :class:`~homagg.History` entry) quantise each block under
+                     the previous call's agreed exponent raised by half the precision bits the error
+                     bound leaves unused (:func:`homagg.codec._fixedpoint.guess_slack`: 5 bits at
+                     W = 4, so +2) and keep every block whose fresh exponent lies within that
+                     window (-3..+2 binary orders at W = 4): exponents that drift, as they do at
+                     every training step, cost no redo round.  Results stay identical on every
+                     worker and within the documented bound, but a steady call's grid may be up to
+                     ``slack`` bits coarser than a call that agreed exponents first.  False: only
+                     guesses equal to the fresh exponents stand (results bit-identical to a call
+                     without history; a redo round whenever a block's exponent moves).
     segment          elements per pipelined segment of a large dense tensor (rounded down to a
                      multiple of block_size; 0: never segment).  Segments stream through the
                      switch while earlier ones encode/decode; results are bit-identical.
@@ -57,6 +67,7 @@ class CodecConfig:
     seed: int = 0x5EED
     segment: int = 1 << 23
     bitmap_levels: int | None = None
+    guess_window: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -71,6 +82,8 @@ class CodecConfig:
             raise ConfigError(f"union_sample must be a positive int, got {self.union_sample!r}")
         if self.bitmap_levels not in (None, 1, 2) or isinstance(self.bitmap_levels, bool):
             raise ConfigError(f"bitmap_levels must be 1, 2 or None (cost model), got {self.bitmap_levels!r}")
+        if not isinstance(self.guess_window, bool):
+            raise ConfigError(f"guess_window must be True or False, got {self.guess_window!r}")
         for name in ("peel_ns", "dense_ns", "compact_ns"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")

@@ -39,9 +39,12 @@ __all__ = [
     "limb_count",
     "check_finite",
     "block_exponents",
+    "guess_slack",
     "guess_exponents",
     "negated_guess",
     "mismatched_blocks",
+    "decode_exponents",
+    "outside_window",
     "quantize",
     "quantize_into_slots",
     "places_natively",
@@ -117,14 +120,32 @@ def block_exponents(idx: torch.Tensor, values: torch.Tensor, numel: int, block_s
     return torch.where(peak == 0, torch.full_like(e, EMPTY_EXPONENT), e)
 
 
-def guess_exponents(previous: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-    """One worker's guess of this call's agreed exponents: ``max(previous agreed, local)`` in the
-    blocks where it holds a value (EMPTY elsewhere: it contributes zeros there under any guess).
+def guess_slack(world_size: int) -> int:
+    """Precision bits the error bound leaves unused: ``max(0, P - 24)`` (5 at W = 4, 0 at W >= 128).
 
-    Guesses differ between workers; :func:`mismatched_blocks` finds the blocks where they do not
-    all equal the agreed exponent.
+    The bound needs 24 bits below a block's agreed exponent ``E`` (see the module docstring), and
+    words carry ``P``: quantising under any common exponent ``G`` with ``E <= G <= E + slack``
+    keeps every element within the bound (the grid unit is at most ``2M * 2**-24``) and every sum
+    inside int32 (``|x| < 2**E <= 2**G``).
     """
-    return torch.where(local == EMPTY_EXPONENT, local, torch.maximum(previous, local))
+    return max(0, precision_bits(world_size) - 24)
+
+
+def guess_exponents(previous: torch.Tensor, local: torch.Tensor, raise_by: int = 0) -> torch.Tensor:
+    """One worker's guess of the exponent a block is quantised under in this call:
+    ``max(previous agreed + raise_by, local)`` where the worker holds a value and the previous call
+    agreed one; its own ``local`` exponent where the previous call held nothing there; EMPTY where
+    it holds nothing (it contributes zeros under any exponent).
+
+    ``raise_by`` (up to :func:`guess_slack`) is headroom above the previous maximum: while every
+    contributor's exponent stays at or below ``previous + raise_by`` they all guess the *same*
+    exponent, whatever each one's own exponent did.  :func:`mismatched_blocks` finds the blocks
+    where the contributors' guesses differ or leave the window.
+    """
+    prev = previous.to(torch.int64)
+    raised = torch.where(prev == EMPTY_EXPONENT, prev, prev + raise_by)
+    guess = torch.maximum(raised, local.to(torch.int64)).to(torch.int32)
+    return torch.where(local == EMPTY_EXPONENT, local, guess)
 
 
 def negated_guess(guess: torch.Tensor) -> torch.Tensor:
@@ -133,14 +154,37 @@ def negated_guess(guess: torch.Tensor) -> torch.Tensor:
     return torch.where(guess == EMPTY_EXPONENT, guess, -guess)
 
 
-def mismatched_blocks(agreed: torch.Tensor, max_negated_guess: torch.Tensor) -> torch.Tensor:
-    """Blocks holding a nonzero somewhere whose contributors did not all guess the agreed exponent.
+def mismatched_blocks(agreed: torch.Tensor, max_negated_guess: torch.Tensor, slack: int = 0) -> torch.Tensor:
+    """Blocks holding a nonzero somewhere whose words cannot stand: the smallest contributor's guess
+    ``Gmin`` is not within ``[E, E + slack]`` of the agreed (largest local) exponent ``E``.
 
-    Every contributor guessed at least its own exponent and ``max(previous, agreed)`` at most, so
-    "the smallest guess equals the agreed exponent" means every guess equals it: the words summed
-    in the other blocks are exactly those of quantising under the agreed exponents.
+    Every contributor guessed ``max(common, own)``, so ``Gmin >= E`` means every contributor guessed
+    the same exponent ``Gmin`` (all took the common value, or all own ``E``): the words summed in
+    the other blocks are exactly those of quantising every worker under ``Gmin``, within the error
+    bound while ``Gmin - E <= slack`` (:func:`guess_slack`).  ``slack = 0``: only guesses equal to
+    the agreed exponent stand (results bit-identical to agreeing exponents first).
     """
-    return (agreed != EMPTY_EXPONENT) & (-max_negated_guess.to(torch.int64) != agreed.to(torch.int64))
+    e = agreed.to(torch.int64)
+    low = -max_negated_guess.to(torch.int64)
+    return (agreed != EMPTY_EXPONENT) & ((low < e) | (low > e + slack))
+
+
+def decode_exponents(agreed: torch.Tensor, max_negated_guess: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """The exponents a call guessed under ends with: the common guess ``Gmin`` in the blocks that
+    stand, the agreed ``agreed`` in the ``bad`` ones (redone) and where no value lies."""
+    low = -max_negated_guess.to(torch.int64)
+    keep = (agreed != EMPTY_EXPONENT) & ~bad
+    return torch.where(keep, low, agreed.to(torch.int64)).to(torch.int32)
+
+
+def outside_window(previous: torch.Tensor, agreed: torch.Tensor, raise_by: int, slack: int) -> torch.Tensor:
+    """Blocks held in both calls whose new agreed exponent ``E`` a guess from ``previous`` would miss
+    (``E > previous + raise_by``, or ``previous + raise_by > E + slack``): the blocks a steady call
+    redoes; with ``raise_by = slack = 0``, the blocks whose exponent moved at all."""
+    prev, e = previous.to(torch.int64), agreed.to(torch.int64)
+    held = (agreed != EMPTY_EXPONENT) & (previous != EMPTY_EXPONENT)
+    g = prev + raise_by
+    return held & ((e > g) | (g > e + slack))
 
 
 def _block_factors(shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

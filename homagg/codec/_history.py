@@ -1,20 +1,25 @@
 """What earlier allreduces of a tensor agreed: the state that lets steady-state calls skip rounds.
 
-A call that finds an :class:`Agreed` entry for its key quantises with the *previous* call's agreed
-block exponents (a guess) and sends the fresh local exponents (MAX) in the same round as its
-values; it sizes a sketch from the previous call's exact union size.  Everything stored here comes
-from combined words (identical on every worker), so every worker makes the same decisions — the
-one requirement is that all workers use the same keys in the same call order, which collectives
+A call that finds an :class:`Agreed` entry for its key quantises each block under a *guess*: the
+previous call's agreed block exponent raised by a little headroom (``CodecConfig.guess_window``),
+and sends the fresh local exponents (MAX) and its guesses in the same round as its values; it
+sizes a sketch from the previous call's exact union size.  Everything stored here comes from
+combined words (identical on every worker), so every worker makes the same decisions — the one
+requirement is that all workers use the same keys in the same call order, which collectives
 guarantee.
 
-Invariant (exactness): a guess never changes a result.  Blocks whose fresh agreed exponent differs
-from the guess (and is not empty) are redone with the fresh exponents in one more round, so the
-integer sums, and therefore the results, are bit-identical to those of a call without history.
+Invariant (exactness): a guess never breaks a result.  A block's words stand only when every
+contributor quantised it under the same exponent ``G`` with ``E <= G <= E + slack`` (``E`` the
+fresh agreed exponent, ``slack`` the precision bits the error bound leaves unused), so its sums
+are exact integer sums that fit int32 and decode within the documented bound, identically on
+every worker; the other blocks are redone under ``E`` in one more round.  With
+``guess_window=False`` the window is ``G == E``: results bit-identical to a call without history.
 
-A guess pays only while the exponents hold still: ``changed`` records the fraction of blocks whose
-agreed exponent moved since the call before, and a call whose predecessor moved more than an
-exponent round is worth agrees its exponents first instead (DDP buckets during training: ~40% of
-VGG19's blocks move every iteration, and redoing them cost 25% more bytes than the values).
+A guess pays only while the exponents stay inside the window: ``changed`` records the fraction of
+blocks whose agreed exponent left it since the call before, and a call whose two predecessors
+both moved more than an exponent round is worth agrees its exponents first instead (exponents
+that keep jumping by more than the window; drift of a binary order or two per training step
+stays inside it).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ class Agreed:
     #: this worker's own nonzeros in the call (0 where it listed none): not agreed, and no decision
     #: depends on it; it only sizes the next call's scan buffers (room for its listing)
     local_nnz: int = 0
+    #: ``changed`` of the call before (the guess stops only while exponents keep moving)
+    changed_before: float = 0.0
 
 
 class History:

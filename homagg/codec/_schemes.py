@@ -24,11 +24,13 @@ auto       round 1 of sketch, then the continuation with
 =========  ===============================================  ================================
 
 Steady state (the :class:`~homagg.History` holds the previous call's agreed exponents ``G`` and
-union size): each worker quantises under its guess ``max(G, own exponent)`` (per block, where it
-holds a value) and sends, in the *same* round, its fresh exponents (MAX) and its negated guesses
-(MAX, i.e. the smallest guess); blocks where some contributor's guess differs from the agreed
-exponent are redone in one more round with the agreed exponents (only those blocks' elements,
-``redo`` stream).  A block held by one worker alone is always right (moving sparse supports):
+union size): each worker quantises under its guess ``max(G + raise, own exponent)`` (per block,
+where it holds a value; ``raise`` is the headroom of ``CodecConfig.guess_window``) and sends, in
+the *same* round, its fresh exponents (MAX) and its negated guesses (MAX, i.e. the smallest
+guess); a block stands when every contributor guessed the same exponent within the window above
+the agreed one (drift of a few binary orders costs nothing), and is redone in one more round with
+the agreed exponents otherwise (only those blocks' elements, ``redo`` stream).  A block held by
+one worker alone is always right (moving sparse supports):
 
 =========  ==================================================================  ==========
 scheme     rounds                                                              typical
@@ -40,8 +42,10 @@ sketch     1 exponents + bitmap + sketch(under G, cells from the last union) ;  
 auto       the continuation chosen from the last union size, steady form       1 or 2
 =========  ==================================================================  ==========
 
-Every scheme's integer sums are those of quantising under the *agreed* exponents, so results
-are bit-identical across schemes and between first and steady-state calls.
+A first call's integer sums are those of quantising under the *agreed* exponents, so its results
+are bit-identical across schemes; a steady call's are those of quantising under the exponents
+that stood (the common guess, or the agreed exponent where redone): identical on every worker,
+within the same bound, and bit-identical to a first call with ``guess_window=False``.
 """
 
 from __future__ import annotations
@@ -139,26 +143,32 @@ def run(w: Worker, scheme: str, stats: WorkerStats, history: History | None = No
     body = _first_call(w, scheme, stats) if prior is None else _steady(w, scheme, stats, prior)
     flat = yield from _described(body, w, scheme, stats)
     if history is not None:
-        history.put(slot, Agreed(w.exponents, w.union, _changed(prior, w.exponents), w.listed_nnz))
+        agreed = w.agreed if w.agreed is not None else w.exponents
+        history.put(slot, Agreed(agreed, w.union, _changed(prior, agreed, *w.window()), w.listed_nnz,
+                                 prior.changed if prior is not None else 0.0))
     return flat
 
 
-def _changed(prior: Agreed | None, agreed: torch.Tensor | None) -> float:
-    """Fraction of the blocks holding a value in both calls whose agreed exponent moved since
-    ``prior`` (the blocks a guess redoes; a block filled afresh is guessed right by a worker
-    holding it alone, as embedding rows are)."""
+def _changed(prior: Agreed | None, agreed: torch.Tensor | None, raise_by: int, slack: int) -> float:
+    """Fraction of the blocks holding a value in both calls whose agreed exponent left the guess
+    window around ``prior``'s (:func:`homagg.codec._fixedpoint.outside_window`: the blocks a guess
+    redoes; a block filled afresh is guessed right by a worker holding it alone, as embedding rows
+    are)."""
     if prior is None or prior.exponents is None or agreed is None or prior.exponents.shape != agreed.shape:
         return 0.0
     held = (agreed != _fixedpoint.EMPTY_EXPONENT) & (prior.exponents != _fixedpoint.EMPTY_EXPONENT)
     n = int(held.sum())
-    return float(((agreed != prior.exponents) & held).sum()) / n if n else 0.0
+    moved = _fixedpoint.outside_window(prior.exponents, agreed, raise_by, slack)
+    return float(moved.sum()) / n if n else 0.0
 
 
 def _guess_pays(w: Worker, prior: Agreed) -> bool:
-    """Quantise under the previous exponents (and redo what moved) rather than agree exponents in a
-    round of their own: when the previous call's moved blocks, redone, would carry fewer words
-    than an exponent round (one per block).  Agreed inputs: every worker decides alike."""
-    return prior.changed * w.numel * w.limbs <= w.blocks
+    """Quantise under the previous exponents (and redo what left the window) rather than agree
+    exponents in a round of their own: unless the last *two* calls each moved blocks that, redone,
+    would carry more words than an exponent round (one per block).  One call that moved (a new
+    input regime, a learning-rate step) is not a trend: the next call guesses again.  Agreed
+    inputs: every worker decides alike."""
+    return min(prior.changed, prior.changed_before) * w.numel * w.limbs <= w.blocks
 
 
 def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats) -> Protocol:

@@ -67,6 +67,9 @@ class Worker:
                 self.target = self.flat
         self._local_exponents: torch.Tensor | None = None
         self.exponents: torch.Tensor | None = None
+        #: the fresh agreed (largest local) exponents where they differ from :attr:`exponents`
+        #: (after a guess); None when the words were quantised under the agreed exponents
+        self.agreed: torch.Tensor | None = None
         self._grid: torch.Tensor | None = None  # (nnz, L) int32, index representation
         self._quantized = False
         self.union = 0  # distinct nonzeros of the combined result (recorded for the next call)
@@ -161,11 +164,20 @@ class Worker:
         self.quantize(None)
         return combined
 
+    def window(self) -> tuple[int, int]:
+        """(raise_by, slack) of this call's guesses (:func:`homagg.codec._fixedpoint.guess_exponents`,
+        :func:`~homagg.codec._fixedpoint.mismatched_blocks`): half the unused precision bits above
+        the previous maximum, all of them as tolerance; (0, 0) with ``guess_window`` off."""
+        if not self.cfg.guess_window:
+            return 0, 0
+        slack = _fixedpoint.guess_slack(self.world_size)
+        return slack // 2, slack
+
     def guess(self, previous: torch.Tensor) -> torch.Tensor:
-        """Quantise under this worker's guess of the agreed exponents (from the previous call's);
-        return the guess."""
+        """Quantise under this worker's guess of the exponents (from the previous call's agreed
+        ones, raised by :meth:`window`'s headroom); return the guess."""
         assert self.local_exponents is not None
-        guess = _fixedpoint.guess_exponents(previous, self.local_exponents)
+        guess = _fixedpoint.guess_exponents(previous, self.local_exponents, self.window()[0])
         self.quantize(guess)
         return guess
 
@@ -174,16 +186,20 @@ class Worker:
         return self.exponent_streams() + [Stream("guess", CombineOp.MAX, _fixedpoint.negated_guess(guess))]
 
     def settle(self, fresh: torch.Tensor, max_negated_guess: torch.Tensor) -> torch.Tensor:
-        """After a round quantised under guesses: adopt the agreed ``fresh`` exponents.
+        """After a round quantised under guesses: the blocks whose common guess stands keep it (the
+        exponent their sums decode with), the others take the agreed ``fresh`` exponents.
 
-        Returns the bool mask of blocks to redo (some worker holding a value there guessed wrong);
-        the local words are re-quantised only when there is such a block.
+        Returns the bool mask of blocks to redo (contributors guessed differently, or outside the
+        window); the local words are re-quantised only when there is such a block.  ``fresh``
+        (the largest local exponents) is what the next call's guess starts from (:attr:`agreed`).
         """
-        bad = _fixedpoint.mismatched_blocks(fresh, max_negated_guess)
+        bad = _fixedpoint.mismatched_blocks(fresh, max_negated_guess, self.window()[1])
+        used = _fixedpoint.decode_exponents(fresh, max_negated_guess, bad)
+        self.agreed = fresh
         if bool(bad.any()):
-            self.quantize(fresh)
+            self.quantize(used)
         else:
-            self.exponents = fresh  # equal to the guess wherever a value lies: words stay valid
+            self.exponents = used  # every contributor's guess wherever a value lies: words stay valid
         return bad
 
     def nnz(self) -> int:

@@ -135,3 +135,21 @@ def test_word_pool_reuses_only_unreferenced_arrays() -> None:
     assert d.ctypes.data not in (c.ctypes.data, b_addr)
     assert pool.take(7).size == 7  # another size never takes one of them
     pool.clear()
+
+
+def test_spare_arrays_serve_slightly_smaller_rounds_as_views() -> None:
+    """A round a few percent smaller than an earlier one reuses its array (the first ``n`` words:
+    no page faults); a referenced array, or one over 25% larger, is never handed out."""
+    from homagg._buffers import spare_int32
+
+    big, exact, huge = (np.empty(n, dtype=np.int32) for n in (1100, 1000, 5000))
+    spare = [big, exact, huge]
+    del big, exact, huge
+    first = spare_int32(spare, 1000)  # the exact size wins over a larger fit
+    assert first.size == 1000 and first.base is None and len(spare) == 2
+    second = spare_int32(spare, 1000)  # then the smallest array that fits, as a view of its start
+    assert second.size == 1000 and second.base is not None and second.base.size == 1100
+    assert spare_int32(spare, 1000).ctypes.data not in (first.ctypes.data, second.ctypes.data)  # 5000: too large
+    spare = [first]
+    kept = torch.from_numpy(first)
+    assert spare_int32(spare, 900).ctypes.data != kept.data_ptr()  # still referenced: a new array

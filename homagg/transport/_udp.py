@@ -33,7 +33,8 @@ Where the native datapath was built, the per-result part of this protocol runs i
 (:mod:`._roundloop`: ``homagg/transport/_fastround.c``), the timer scan, liveness and errors in
 Python; ``native=False`` (or ``HOMAGG_NATIVE=0``) runs all of it in Python, the reference.
 
-Result arrays of the last two rounds are reused once unreferenced (:func:`homagg._buffers.spare_int32`).
+Result arrays of the last rounds (:data:`SPARE_ARRAYS` arrays: the rounds of the pipeline's three
+segments in flight and one more) are reused once unreferenced (:func:`homagg._buffers.spare_int32`).
 
 Never hangs: when no chunk completes for ``timeout`` seconds, :class:`~homagg.SwitchTimeoutError`
 is raised naming the job, the oldest pending slot/bank/offset and the workers the switch has not
@@ -73,7 +74,13 @@ from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
 from ._roundloop import DUPTHRESH, RoundLoop, chunk_table
 from ._window import INITIAL_WINDOW, CongestionWindow
 
-__all__ = ["UdpSwitchPort", "DUPTHRESH"]
+__all__ = ["UdpSwitchPort", "DUPTHRESH", "SPARE_ARRAYS"]
+
+#: result arrays kept for reuse: a round has up to 4 streams (descriptor, exponents, guesses,
+#: values) and up to 3 segments' rounds are in flight (``homagg.codec._pipeline.DEPTH``); with only
+#: the last two rounds' arrays kept, 2 of a 25M call's 3 segments found none of their size and
+#: page-faulted a fresh 32 MB array every call
+SPARE_ARRAYS = 16
 
 
 class UdpSwitchPort(SwitchPort):
@@ -179,7 +186,7 @@ class UdpSwitchPort(SwitchPort):
         self.stats["rounds"] += 1
         if len(table):
             self._run(table, srcs, outs, streams)
-        self._spare = self._spare[-len(outs):] + outs  # at most two rounds' worth
+        self._spare = (self._spare + outs)[-SPARE_ARRAYS:]
         # results go back to the device the words came from (only compressed words cross to the host)
         return [torch.from_numpy(o).to(s.words.device) for o, s in zip(outs, streams, strict=True)]
 

@@ -81,7 +81,7 @@ def _one_run(tensors: list[torch.Tensor], scheme: str, cfg: CodecConfig, device:
                     encode += time.perf_counter() - t0
         if len(rounds) < world:
             return encode, decode, stats[0]
-        combined = [combine_words(s.op, [rd[i].words for rd in rounds]) for i, s in enumerate(rounds[0])]
+        combined = [combine_words(s.op, [rd[i].materialize() for rd in rounds]) for i, s in enumerate(rounds[0])]
         replies = [[c.clone() for c in combined] for _ in range(world)]
 
 

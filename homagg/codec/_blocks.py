@@ -33,7 +33,7 @@ from .._buffers import WordPool
 from .._errors import NonFiniteError
 from ._fixedpoint import EMPTY_EXPONENT, _pow2, precision_bits
 
-__all__ = ["exponents", "quantize", "dequantize_into"]
+__all__ = ["exponents", "quantize", "dequantize_into", "grid_factors", "float32_limit"]
 
 
 def _parts(flat: torch.Tensor, block_size: int) -> Iterator[tuple[slice, torch.Tensor]]:
@@ -50,13 +50,19 @@ def _parts(flat: torch.Tensor, block_size: int) -> Iterator[tuple[slice, torch.T
 _WORDS = WordPool()
 
 
-def _grid_factors(e: torch.Tensor, p: int, lo: int, hi: int, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+def grid_factors(e: torch.Tensor, p: int, lo: int, hi: int, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per block, the exact powers of two whose product is ``2**(P - E)`` (``E`` EMPTY: 1), each
     in ``work``'s normal range; the second is None where it is 1 in every block."""
     shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), p - e).to(torch.int64)
     first = shift.clamp(lo, hi)
     rest = shift - first
     return _pow2(first, work), (_pow2(rest.clamp(lo, hi), work) if bool((rest != 0).any()) else None)
+
+
+def float32_limit(p: int) -> float:
+    """The clamp of float32 grid words: ``2**P - 1``, or for ``P > 24`` the largest float32 below
+    ``2**P`` (``2**P - 1`` is no float32 there)."""
+    return float(2**p - 1) if p <= 24 else float(2**p - 2 ** (p - 24))
 
 
 def _native_float32(*tensors: torch.Tensor) -> bool:
@@ -92,11 +98,11 @@ def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size
     work = torch.float64 if flat.dtype == torch.float64 else torch.float32
     lo, hi = (-1022, 1023) if work == torch.float64 else (-126, 127)
     p = precision_bits(world_size)
-    limit = float(2**p - 1) if work == torch.float64 or p <= 24 else float(2**p - 2 ** (p - 24))
+    limit = float(2**p - 1) if work == torch.float64 else float32_limit(p)
     if mask is None:
         if flat.dtype == torch.float32 and _native_float32(flat):
             out = torch.from_numpy(_WORDS.take(flat.numel()))
-            f1, f2 = _grid_factors(exps, p, lo, hi, work)
+            f1, f2 = grid_factors(exps, p, lo, hi, work)
             _native.quantize32(flat.numpy(), block_size, f1.numpy(), None if f2 is None else f2.numpy(), limit,
                                out.numpy())
             return out
@@ -111,7 +117,7 @@ def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size
         if mask is not None:
             keep = torch.nonzero(mask[sl]).squeeze(1)
             view, e = view.index_select(0, keep), e.index_select(0, keep)
-        f1, f2 = _grid_factors(e, p, lo, hi, work)
+        f1, f2 = grid_factors(e, p, lo, hi, work)
         x = view.to(work) * f1.unsqueeze(1)
         if f2 is not None:
             x.mul_(f2.unsqueeze(1))

@@ -8,6 +8,10 @@
  *   homagg_quantize32     out[i] = (int32)clamp(nearbyintf(x[i] * f1[b] (* f2[b])), -limit, limit)
  *                         with b = i / bs: the float32 grid words of _blocks.quantize, the same
  *                         float32 multiplications in the same order, round-half-even, the same clamp.
+ *   homagg_fill_quantize32  the words of homagg_quantize32 at [off, off + n), big-endian, into a
+ *                         datagram's payload: the transport's native datapath calls it per chunk
+ *                         (homagg/transport/_base.py WordSource), so the dense words never exist
+ *                         as a tensor; the same float32 operations, so the same words.
  *   homagg_quantize_at64  out[i] = clamp(round_half_even(v[i] * f1[b] (* f2[b])), -limit, limit),
  *                         b = idx[i] / bs: float64 values at sorted flat positions (compact's and
  *                         sketch's local nonzeros), the products in float64 as the torch code does.
@@ -28,6 +32,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HOMAGG_CLONES __attribute__((target_clones("avx2", "sse4.1", "default")))
@@ -67,6 +72,36 @@ HOMAGG_CLONES void homagg_quantize32(const float *x, int64_t n, int64_t bs, cons
         } else {
             for (int64_t i = i0; i < end; i++)
                 out[i] = (int32_t)clamp_limit(nearbyintf(x[i] * a), limit);
+        }
+    }
+}
+
+/* homagg_fill_quantize32's context (homagg/codec/_dense_source.py _QuantCtx mirrors it). */
+typedef struct {
+    const float *x;      /* the stream's float32 elements */
+    const float *f1, *f2;  /* per block factors (f2 NULL: 1 everywhere) */
+    float limit;
+    int64_t bs;          /* elements per block */
+} hg_quant_src;
+
+HOMAGG_CLONES void homagg_fill_quantize32(const hg_quant_src *q, uint8_t *dst, int64_t off, int64_t n) {
+    const float *x = q->x;
+    const float limit = q->limit;
+    for (int64_t i = 0; i < n;) {
+        const int64_t b = (off + i) / q->bs;
+        int64_t end = (b + 1) * q->bs - off;
+        end = end < n ? end : n;
+        const float a = q->f1[b], c = q->f2 ? q->f2[b] : 1.0f;
+        if (q->f2) {
+            for (; i < end; i++) {
+                const uint32_t w = __builtin_bswap32((uint32_t)(int32_t)clamp_limit(nearbyintf((x[off + i] * a) * c), limit));
+                memcpy(dst + 4 * i, &w, 4);
+            }
+        } else {
+            for (; i < end; i++) {
+                const uint32_t w = __builtin_bswap32((uint32_t)(int32_t)clamp_limit(nearbyintf(x[off + i] * a), limit));
+                memcpy(dst + 4 * i, &w, 4);
+            }
         }
     }
 }

@@ -44,7 +44,7 @@ def _dtype_code(dtype: torch.dtype) -> int:
 def describe(numel: int, dtype: torch.dtype, scheme: str, world_size: int, streams: Sequence[Stream],
              device: torch.device) -> Stream:
     """The descriptor stream of a call whose first round carries ``streams``."""
-    words = sum(s.words.numel() for s in streams)
+    words = sum(s.length for s in streams)
     values = [_VERSION, numel & _LOW, numel >> 31, _dtype_code(dtype),
               SCHEMES.index(scheme) + 1 if scheme in SCHEMES else 0, world_size, words & _LOW, words >> 31]
     field = torch.tensor(values, dtype=torch.int32)

@@ -17,7 +17,7 @@ from .._cext import load_library
 
 __all__ = ["AVAILABLE", "pack32", "scan32", "set_bits32", "bit_ranks32", "gather32", "decode_into32", "block_peaks32",
            "quantize32", "quantize_at64", "dequantize32", "quantize_place64", "decode_bits32",
-           "count_bits32", "block_peaks_at64", "select_bits32", "place_bits32"]
+           "count_bits32", "block_peaks_at64", "select_bits32", "place_bits32", "FILL_QUANTIZE32"]
 
 
 def _load() -> ctypes.CDLL | None:
@@ -61,6 +61,10 @@ def _load() -> ctypes.CDLL | None:
 
 _LIB = _load()
 AVAILABLE = _LIB is not None
+#: address of ``homagg_fill_quantize32`` (a :class:`~homagg.transport.WordSource`'s native fill
+#: function: :mod:`homagg.codec._dense_source`), None without the native kernels
+FILL_QUANTIZE32: int | None = (ctypes.cast(_LIB.homagg_fill_quantize32, ctypes.c_void_p).value
+                               if _LIB is not None else None)
 
 
 def pack32(x: np.ndarray, mask: int) -> tuple[np.ndarray, int]:

@@ -179,7 +179,7 @@ def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats) -> Pr
     except StopIteration as stop:  # a protocol that needed no round
         return stop.value
     head = _descriptor.describe(w.numel, w.dtype, scheme, w.world_size, first, w.device)
-    stats.bytes_per_stream[head.name] += 4 * head.words.numel()
+    stats.bytes_per_stream[head.name] += 4 * head.length
     combined = yield [head, *first]
     if not combined:
         raise ProtocolError("switch returned no streams for a call's first round")
@@ -267,7 +267,7 @@ def _dense(w: Worker, stats: WorkerStats, guess: torch.Tensor | None = None) -> 
     """Words of every element (quantised under the agreed exponents, or under ``guess``)."""
     stats.schemes["dense"] += 1
     streams = w.guess_streams(guess) if guess is not None else []
-    streams.append(Stream("values", CombineOp.ADD, w.dense_values()))
+    streams.append(w.dense_stream())
     combined = yield from exchange(streams, stats)
     sums = combined[-1].reshape(-1, w.limbs)
     if guess is not None:

@@ -18,7 +18,7 @@ from collections.abc import Generator
 
 import torch
 
-from . import _bitmap, _blocks, _fixedpoint, _hostops, _sparse
+from . import _bitmap, _blocks, _dense_source, _fixedpoint, _hostops, _sparse
 from ._config import CodecConfig
 from .._errors import ProtocolError
 from ._stats import WorkerStats
@@ -278,6 +278,17 @@ class Worker:
         flat = self.flat if blocks is None else self.flat[self.block_positions(blocks)]
         return _fixedpoint.to_limbs(flat, self.limbs).reshape(-1)
 
+    def dense_stream(self, name: str = "values") -> Stream:
+        """The ADD stream of every element's words (:meth:`dense_values`): a float32 CPU tensor's as a
+        :class:`~homagg.codec._dense_source.QuantizedWords` source, which a native datapath
+        quantises straight into its datagrams (no words tensor), else the words themselves."""
+        assert self._quantized, "quantize() first"
+        if self.flat is not None and self.is_float and _dense_source.fills_natively(self.flat):
+            assert self.exponents is not None
+            source = _dense_source.QuantizedWords(self.flat, self.exponents, self.world_size, self.cfg.block_size)
+            return Stream(name, CombineOp.ADD, None, source=source)
+        return Stream(name, CombineOp.ADD, self.dense_values())
+
     def block_positions(self, bad: torch.Tensor) -> torch.Tensor:
         """Sorted flat positions of every element of the blocks flagged in ``bad``."""
         b = self.cfg.block_size
@@ -358,12 +369,12 @@ def exchange(streams: Round, stats: WorkerStats) -> Generator[Round, list[torch.
 
     An all-empty round is not sent (and not counted); its "results" are the empty inputs.
     """
-    sent = [s for s in streams if s.words.numel()]
+    sent = [s for s in streams if s.length]
     for s in sent:
-        stats.bytes_per_stream[s.name] += 4 * s.words.numel()
+        stats.bytes_per_stream[s.name] += 4 * s.length
     combined = (yield sent) if sent else []
     stats.rounds += 1 if sent else 0
     if len(combined) != len(sent):
         raise ProtocolError(f"switch returned {len(combined)} streams for a round of {len(sent)}")
     it = iter(combined)
-    return [next(it) if s.words.numel() else s.words.clone() for s in streams]
+    return [next(it) if s.length else torch.zeros(0, dtype=torch.int32, device=s.device) for s in streams]

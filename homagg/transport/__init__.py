@@ -28,7 +28,7 @@ from .._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from ..wire import CombineOp
-    from ._base import Stream, SwitchPort, combine_words, wrap_int32
+    from ._base import Stream, SwitchPort, WordSource, combine_words, wrap_int32
     from ._control import ControlClient, parse_addr
     from ._errmap import transport_error
     from ._gloo import GlooSwitchPort
@@ -40,6 +40,7 @@ _LAZY = {
     "CombineOp": "..wire",
     "Stream": "._base",
     "SwitchPort": "._base",
+    "WordSource": "._base",
     "combine_words": "._base",
     "wrap_int32": "._base",
     "InProcessSwitch": "._inprocess",
@@ -53,6 +54,7 @@ _LAZY = {
 __all__ = [
     "CombineOp",
     "Stream",
+    "WordSource",
     "SwitchPort",
     "combine_words",
     "wrap_int32",

@@ -31,12 +31,42 @@ import torch
 from .._errors import ProtocolError
 from ..wire import CombineOp
 
-__all__ = ["CombineOp", "Stream", "SwitchPort", "combine_words", "wrap_int32"]
+__all__ = ["CombineOp", "Stream", "SwitchPort", "WordSource", "combine_words", "wrap_int32"]
+
+
+class WordSource(abc.ABC):
+    """Words a stream computes on demand instead of holding them: a port that can fills each
+    datagram's payload straight from the source (:meth:`native_fill`), one pass and no tensor of
+    the whole stream; every other port takes :meth:`materialize`'s words (the reference).
+
+    Invariant: the words :meth:`native_fill`'s function writes for ``[off, off + n)`` are, in
+    big-endian order, ``materialize()[off:off + n]``, bit for bit, whatever the chunking.
+    """
+
+    #: words in the stream
+    length: int
+    #: where the stream's words (and so its combined result) live
+    device: torch.device
+
+    @abc.abstractmethod
+    def materialize(self) -> torch.Tensor:
+        """The words, a 1-D int32 tensor of :attr:`length` on :attr:`device`."""
+
+    def native_fill(self) -> tuple[int, int] | None:
+        """``(function, context)`` addresses of a C function
+        ``void fill(const void *context, uint8_t *dst, int64_t off, int64_t n)`` that writes words
+        ``[off, off + n)`` big-endian into ``dst``, valid while this object lives; None where there
+        is none (then ports use :meth:`materialize`)."""
+        return None
 
 
 @dataclass(frozen=True)
 class Stream:
     """One int32 word vector of a round, with its combine op and a name for statistics.
+
+    The words are ``words`` (a 1-D int32 tensor) or, when ``source`` is given instead, computed by
+    that :class:`WordSource` on demand: use :attr:`length`, :attr:`device` and :meth:`materialize`,
+    which serve both.
 
     ``verify``, if set, is called with the stream's combined words; it raises (a typed
     :class:`~homagg.HomAggError`) when they show the workers out of step.  A port calls it as soon
@@ -46,13 +76,30 @@ class Stream:
 
     name: str
     op: CombineOp
-    words: torch.Tensor
+    words: torch.Tensor | None
     verify: Callable[[torch.Tensor], None] | None = field(default=None, compare=False, repr=False)
+    source: WordSource | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if (self.words is None) == (self.source is None):
+            raise ProtocolError(f"stream {self.name!r} needs exactly one of words and source")
         w = self.words
-        if w.dtype != torch.int32 or w.dim() != 1:
+        if w is not None and (w.dtype != torch.int32 or w.dim() != 1):
             raise ProtocolError(f"stream {self.name!r} must be a 1-D int32 tensor, got {w.dtype} {tuple(w.shape)}")
+
+    @property
+    def length(self) -> int:
+        """Words in the stream."""
+        return self.words.numel() if self.words is not None else self.source.length  # type: ignore[union-attr]
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the stream's words (where its combined words go back to)."""
+        return self.words.device if self.words is not None else self.source.device  # type: ignore[union-attr]
+
+    def materialize(self) -> torch.Tensor:
+        """The words as a 1-D int32 tensor (computed by the source, where there is one)."""
+        return self.words if self.words is not None else self.source.materialize()  # type: ignore[union-attr]
 
 
 def combine_words(op: CombineOp, vectors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..wire import FLAG_RESULT, HEADER_LEN, TAG_MASK, VERSION, datagram_len, pack_header_into, payload_view, unpack_header
+from .._errors import ProtocolError
 from ._sockets import PROBE_PREFIX
 
 __all__ = ["Round", "PyDatapath"]
@@ -36,8 +37,12 @@ class Round:
     the inputs and outputs, and the per-slot / per-chunk state the protocol shares with it."""
 
     def __init__(self, *, job: Any, rank: int, seq0: int, table: np.ndarray,
-                 srcs: list[np.ndarray], outs: list[np.ndarray], bufs: np.ndarray, stride: int) -> None:
+                 srcs: list[np.ndarray], outs: list[np.ndarray], bufs: np.ndarray, stride: int,
+                 fills: list[tuple[int, int] | None] | None = None) -> None:
         self.job, self.rank, self.seq0 = job, rank, seq0
+        #: per stream, the native ``(function, context)`` that writes its payloads (its ``srcs`` entry
+        #: is then empty), or None: only the native datapath takes them
+        self.fills = fills if fills is not None else [None] * len(srcs)
         self.nslot, self.base, self.jid, self.token = job.n_slots, job.slot_base, job.job_id, job.token
         self.table, self.srcs, self.outs = table, srcs, outs  # table rows: (stream, offset, word_count, op)
         self._chunks: list[tuple[int, int, int, int]] | None = None
@@ -70,6 +75,8 @@ class PyDatapath:
     """The reference datapath: Python, one datagram at a time (see the module docstring)."""
 
     def __init__(self, rnd: Round, send: Callable[[memoryview], None]) -> None:
+        if any(f is not None for f in rnd.fills):
+            raise ProtocolError("the Python datapath sends materialised words, not a native word source's")
         self.r = rnd
         self._send = send
         self._rbuf = bytearray(datagram_len(16000) + 64)

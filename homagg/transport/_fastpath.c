@@ -57,7 +57,11 @@ static uint8_t *build(const hg_job *job, const hg_chunks *ch, int64_t c, uint8_t
     put16(p + 10, (uint32_t)(g & 0xFFFF));
     put32(p + 12, (uint32_t)off);
     put32(p + 16, job->token);
-    hg_words_to_wire(p + HDR, ch->src[ch->stream[c]] + off, wc);
+    const int32_t j = ch->stream[c];
+    if (ch->fill[j])
+        ch->fill[j](ch->fill_ctx[j], p + HDR, off, wc);
+    else
+        hg_words_to_wire(p + HDR, ch->src[j] + off, wc);
     return p;
 }
 

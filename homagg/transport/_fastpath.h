@@ -16,11 +16,17 @@ typedef struct {
     uint32_t token;
 } hg_job;
 
+/* A word source's payload writer (homagg/transport/_base.py WordSource.native_fill): words
+ * [off, off + n) of its stream, big-endian, into dst. */
+typedef void (*hg_fill_fn)(const void *ctx, uint8_t *dst, int64_t off, int64_t n);
+
 /* The round's chunk table: chunk c is words [off[c], off[c] + wc[c]) of stream stream[c], op op[c]. */
 typedef struct {
     const int32_t *stream, *off, *wc, *op;
     const int32_t *const *src;  /* per stream: the words to send (host order) */
     int32_t *const *out;        /* per stream: where the results go (host order) */
+    const hg_fill_fn *fill;     /* per stream: NULL, or the function that writes its payloads (src unused) */
+    const void *const *fill_ctx;/* ... and its context */
 } hg_chunks;
 
 /* Counts of one homagg_fp_recv call besides the matched results. */

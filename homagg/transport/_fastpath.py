@@ -47,7 +47,8 @@ class _Job(ctypes.Structure):
 
 class _Chunks(ctypes.Structure):
     _fields_ = [("stream", ctypes.c_void_p), ("off", ctypes.c_void_p), ("wc", ctypes.c_void_p),
-                ("op", ctypes.c_void_p), ("src", ctypes.c_void_p), ("out", ctypes.c_void_p)]
+                ("op", ctypes.c_void_p), ("src", ctypes.c_void_p), ("out", ctypes.c_void_p),
+                ("fill", ctypes.c_void_p), ("fill_ctx", ctypes.c_void_p)]
 
 
 class _Counts(ctypes.Structure):
@@ -162,8 +163,12 @@ class NativeDatapath:
         self._cols = [np.ascontiguousarray(rnd.table[:, i]) for i in range(4)]  # stream, off, wc, op
         self._src = (ctypes.c_void_p * len(rnd.srcs))(*[a.ctypes.data for a in rnd.srcs])
         self._out = (ctypes.c_void_p * len(rnd.outs))(*[a.ctypes.data for a in rnd.outs])
+        # per stream: a word source's fill function and its context (NULL: copy ``src``'s words)
+        self._fill = (ctypes.c_void_p * len(rnd.srcs))(*[f[0] if f else None for f in rnd.fills])
+        self._fill_ctx = (ctypes.c_void_p * len(rnd.srcs))(*[f[1] if f else None for f in rnd.fills])
         self._chunks = _Chunks(*[c.ctypes.data for c in self._cols], ctypes.addressof(self._src),
-                               ctypes.addressof(self._out))
+                               ctypes.addressof(self._out), ctypes.addressof(self._fill),
+                               ctypes.addressof(self._fill_ctx))
         self._ids = np.empty(max(1, job.n_slots), dtype=np.int64)
         self._events, self._late, self._rbuf = scratch.events, scratch.late, scratch.rbuf
         self._nlate = ctypes.c_int64(0)

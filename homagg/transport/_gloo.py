@@ -54,7 +54,7 @@ class GlooSwitchPort(SwitchPort):
             idx = [i for i, s in enumerate(streams) if s.op == op]
             if not idx:
                 continue
-            parts = [streams[i].words.detach().to("cpu") for i in idx]
+            parts = [streams[i].materialize().detach().to("cpu") for i in idx]
             flat = torch.cat(parts).to(torch.int64 if op == CombineOp.ADD else torch.int32)
             opts = dist.AllreduceOptions()
             opts.reduceOp = _REDUCE[op]
@@ -67,7 +67,7 @@ class GlooSwitchPort(SwitchPort):
             if op == CombineOp.ADD:
                 flat = wrap_int32(flat)
             for i, chunk in zip(idx, torch.split(flat, [p.numel() for p in parts])):
-                results[i] = chunk.to(streams[i].words.device)
+                results[i] = chunk.to(streams[i].device)
         out = [r for r in results if r is not None]
         if len(out) != len(streams):  # pragma: no cover - every op is handled above
             raise ProtocolError("gloo switch emulation lost a stream")

@@ -84,15 +84,15 @@ class InProcessSwitch:
 def _combine_rounds(rounds: list[Sequence[Stream]]) -> list[torch.Tensor]:
     first = rounds[0]
     for r, streams in enumerate(rounds):
-        sig = [(s.name, s.op, s.words.numel()) for s in streams]
-        ref = [(s.name, s.op, s.words.numel()) for s in first]
+        sig = [(s.name, s.op, s.length) for s in streams]
+        ref = [(s.name, s.op, s.length) for s in first]
         if sig != ref:
             heads = [rd[0] for rd in rounds if rd]
-            if len(heads) == len(rounds) and first[0].verify is not None and len({(h.name, h.op, h.words.numel())
+            if len(heads) == len(rounds) and first[0].verify is not None and len({(h.name, h.op, h.length)
                                                                                   for h in heads}) == 1:
-                first[0].verify(combine_words(first[0].op, [h.words for h in heads]))  # raises the typed error
+                first[0].verify(combine_words(first[0].op, [h.materialize() for h in heads]))  # raises the typed error
             raise ProtocolError(f"rank {r} sent streams {sig}, rank 0 sent {ref}")
-    return [combine_words(s.op, [rd[i].words for rd in rounds]) for i, s in enumerate(first)]
+    return [combine_words(s.op, [rd[i].materialize() for rd in rounds]) for i, s in enumerate(first)]
 
 
 class _InProcessPort(SwitchPort):

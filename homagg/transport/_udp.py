@@ -33,6 +33,11 @@ Where the native datapath was built, the per-result part of this protocol runs i
 (:mod:`._roundloop`: ``homagg/transport/_fastround.c``), the timer scan, liveness and errors in
 Python; ``native=False`` (or ``HOMAGG_NATIVE=0``) runs all of it in Python, the reference.
 
+A stream with a :class:`~homagg.transport.WordSource` that has a native fill function has its
+datagrams' payloads written by that function when the native datapath builds them (the dense
+scheme's words quantised straight into the datagrams); the Python datapath sends its
+materialised words, the reference.
+
 Result arrays of the last rounds (:data:`SPARE_ARRAYS` arrays: the rounds of the pipeline's three
 segments in flight and one more) are reused once unreferenced (:func:`homagg._buffers.spare_int32`).
 
@@ -81,6 +86,8 @@ __all__ = ["UdpSwitchPort", "DUPTHRESH", "SPARE_ARRAYS"]
 #: the last two rounds' arrays kept, 2 of a 25M call's 3 segments found none of their size and
 #: page-faulted a fresh 32 MB array every call
 SPARE_ARRAYS = 16
+#: the source array of a stream whose datagrams a native fill function writes
+_NO_WORDS = np.zeros(0, dtype=np.int32)
 
 
 class UdpSwitchPort(SwitchPort):
@@ -180,20 +187,24 @@ class UdpSwitchPort(SwitchPort):
 
     # ------------------------------------------------------------------------------------------
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
-        srcs = [s.words.detach().cpu().contiguous().numpy() for s in streams]
-        outs = [spare_int32(self._spare, a.size) for a in srcs]
-        table = chunk_table([a.size for a in srcs], [int(s.op) for s in streams], self.job.words_per_packet)
+        # the native datapath fills a word source's datagrams straight from it (no words array)
+        fills = [s.source.native_fill() if self.native and s.source is not None else None for s in streams]
+        srcs = [_NO_WORDS if f is not None else s.materialize().detach().cpu().contiguous().numpy()
+                for s, f in zip(streams, fills, strict=True)]
+        lengths = [s.length for s in streams]
+        outs = [spare_int32(self._spare, n) for n in lengths]
+        table = chunk_table(lengths, [int(s.op) for s in streams], self.job.words_per_packet)
         self.stats["rounds"] += 1
         if len(table):
-            self._run(table, srcs, outs, streams)
+            self._run(table, srcs, outs, streams, fills)
         self._spare = (self._spare + outs)[-SPARE_ARRAYS:]
         # results go back to the device the words came from (only compressed words cross to the host)
-        return [torch.from_numpy(o).to(s.words.device) for o, s in zip(outs, streams, strict=True)]
+        return [torch.from_numpy(o).to(s.device) for o, s in zip(outs, streams, strict=True)]
 
     def _run(self, table: np.ndarray, srcs: list[np.ndarray], outs: list[np.ndarray],
-             streams: Sequence[Stream]) -> None:
+             streams: Sequence[Stream], fills: list[tuple[int, int] | None]) -> None:
         rnd = Round(job=self.job, rank=self.rank, seq0=self._seq, table=table, srcs=srcs, outs=outs,
-                    bufs=self._slotbuf, stride=self._stride)
+                    bufs=self._slotbuf, stride=self._stride, fills=fills)
         if self.native:
             if self._scratch is None:
                 self._scratch = fastpath.Scratch.for_port(self.sock, self.msock, self._gso)

@@ -206,3 +206,19 @@ def test_stream_zero_is_verified_by_either_loop(native: bool, streams: int) -> N
     finally:
         fake.close()
     assert torch.equal(outs[0], words) and len(seen) == 1 and torch.equal(seen[0], words)
+
+
+def test_gso_is_on_by_default_towards_a_loopback_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only sockets receive on loopback (the kernel cuts a GSO message back into its datagrams for
+    the emulator's socket), so a port sends GSO messages there unless ``HOMAGG_UDP_GSO`` says no;
+    a port's round over loopback then leaves as fewer, merged messages with the same datagrams."""
+    from homagg.transport._fastpath import gso_default
+
+    a, b = _pair()
+    try:
+        monkeypatch.delenv("HOMAGG_UDP_GSO", raising=False)
+        assert gso_default(a)
+        monkeypatch.setenv("HOMAGG_UDP_GSO", "0")
+        assert not gso_default(a)
+    finally:
+        a.close(), b.close()

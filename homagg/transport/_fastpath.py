@@ -6,8 +6,8 @@ built into ``homagg.transport._fastpath_kernels`` by ``pip install`` where a C c
 
 Kernel batching (``homagg/_udpseg.h``), per port (:class:`Scratch`): the port's sockets take
 UDP_GRO (a coalesced buffer of results is split in C), and with GSO on, runs of equal-length
-chunks leave as one GSO message each.  GSO is on by default only where the switch is reached over
-a physical NIC (:func:`gso_default`): on a veth or bridge the merged packet would reach a software
+chunks leave as one GSO message each.  GSO is on by default where the switch is reached over
+loopback or a physical NIC (:func:`gso_default`): on a veth or bridge the merged packet would reach a software
 switch that reads the link with AF_PACKET (BMv2 through libpcap, the emulator's raw backend) as
 one 64 KB frame.  ``HOMAGG_UDP_GSO=1`` (or ``0``) overrides that, e.g. for the UDP emulator behind
 veths (``homagg bench net``).
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import ipaddress
 import os
 import socket
 from collections.abc import Callable, Sequence
@@ -118,12 +119,21 @@ def gso_env() -> bool | None:
 
 def gso_default(sock: socket.socket) -> bool:
     """Whether a port whose connected socket is ``sock`` sends GSO messages by default:
-    ``HOMAGG_UDP_GSO`` when set, else True only where the interface holding the socket's local
-    address is a physical device (``/sys/class/net/<name>/device`` exists)."""
+    ``HOMAGG_UDP_GSO`` when set, else True where the socket's local address is a loopback one (only
+    sockets receive there: the kernel cuts a GSO message back into its datagrams for the
+    emulator's socket, or hands it over whole to a UDP_GRO socket) or the interface holding it is a
+    physical device (``/sys/class/net/<name>/device`` exists); False on veths and bridges, where
+    a switch reading AF_PACKET (BMv2 in Mininet) would see one merged frame."""
     env = gso_env()
     if env is not None:
         return env
-    name = interface_of(sock.getsockname()[0])
+    local = sock.getsockname()[0]
+    try:
+        if ipaddress.ip_address(local).is_loopback:
+            return True
+    except ValueError:
+        return False
+    name = interface_of(local)
     return name is not None and (Path("/sys/class/net") / name / "device").exists()
 
 

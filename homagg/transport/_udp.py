@@ -104,7 +104,7 @@ class UdpSwitchPort(SwitchPort):
     ``window``: chunks in flight at the start (the congestion window then adapts, up to ``n_slots``).
     ``native``: build, send, receive and match datagrams in C with batched syscalls
     (:mod:`._fastpath`; default: where it was built) or in Python (:mod:`._datapath`, the reference).
-    ``gso``: native sends as UDP GSO messages (default :func:`._fastpath.gso_default`: physical NICs).
+    ``gso``: native sends as UDP GSO messages (default :func:`._fastpath.gso_default`: loopback and physical NICs).
     """
 
     def __init__(

@@ -42,7 +42,7 @@ from .._errors import HomAggError
 from ._cpu import median_call_split
 from ._load import BackgroundLoad, add_cpu_load_argument, describe_load
 from ._ranks import RECORD_MARK, launch_ranks
-from ._report import RETX_KEYS, load_range, out_folder, write_report
+from ._report import RETX_KEYS, counts, load_range, out_folder, write_report
 
 __all__ = ["configure_parser", "run", "BASELINES", "FULL", "QUICK", "RECORD_FIELDS", "RECORD_MARK", "markdown_table"]
 
@@ -67,15 +67,6 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "faults_per_call": (float, type(None)), "times_s": (list,), "repeats": (int,), "load_avg": (list,),
     "machine": (dict,), "codec": (dict,), "cpu_load": (int,),
 }
-
-
-def _ints(text: str) -> list[int]:
-    """``"1M,25000000,20k"`` -> ints (suffixes k and M)."""
-    out = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        scale = {"k": 1_000, "m": 1_000_000}.get(part[-1].lower(), 1)
-        out.append(int(float(part[:-1] if scale != 1 else part) * scale))
-    return out
 
 
 def _floats(text: str) -> list[float]:
@@ -111,8 +102,8 @@ def codec_options(text: str) -> dict[str, Any]:
 
 def add_sweep_arguments(parser: argparse.ArgumentParser, timeout: float) -> None:
     """The sweep axes and output options shared by ``bench allreduce`` and ``bench net``."""
-    parser.add_argument("--world", type=_ints, default=None, help="rank counts (default 2,4,8)")
-    parser.add_argument("--numel", type=_ints, default=None, help="fp32 elements (default 1M,25M)")
+    parser.add_argument("--world", type=counts, default=None, help="rank counts (default 2,4,8)")
+    parser.add_argument("--numel", type=counts, default=None, help="fp32 elements (default 1M,25M)")
     parser.add_argument("--density", type=_floats, default=None,
                         help="fraction of nonzeros per rank (default 1e-4,1e-3,1e-2,0.1,1.0)")
     parser.add_argument("--schemes", type=_names, default=None, help="homagg schemes (default auto,sketch,compact,dense)")

@@ -12,13 +12,22 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RETX_KEYS", "out_folder", "load_range", "write_report", "print_table"]
+__all__ = ["RETX_KEYS", "counts", "out_folder", "load_range", "write_report", "print_table"]
 
 #: the switch port's retransmission counters every bench reports
 RETX_KEYS = ("retransmits", "fast_retransmits", "spurious_retransmits")
 
 Plot = tuple[str, Callable[[Path], None]]  #: (file name, function drawing into that path)
 
+
+
+def counts(text: str) -> list[int]:
+    """``"1M,25000000,20k"`` -> ints (suffixes k and M): every benchmark's size and count lists."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        scale = {"k": 1_000, "m": 1_000_000}.get(part[-1].lower(), 1)
+        out.append(int(float(part[:-1] if scale != 1 else part) * scale))
+    return out
 
 def out_folder(out: str | None, command: str) -> Path:
     """``out``, or ``results/bench-<command>-<time>``; created."""

@@ -50,7 +50,7 @@ import torch
 from .._errors import ConfigError, ProtocolError
 from ..wire import HEADER_LEN
 from ._cpu import thread_cpu
-from ._report import RETX_KEYS
+from ._report import RETX_KEYS, counts
 
 __all__ = ["configure_parser", "run", "measure"]
 
@@ -184,10 +184,6 @@ def frame_bytes(words_per_packet: int) -> int:
     return 14 + 20 + 8 + HEADER_LEN + 4 * words_per_packet
 
 
-def _ints(text: str) -> list[int]:
-    return [int(float(x)) for x in str(text).split(",") if x]
-
-
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", default="4", help="worker processes, comma-separated list (default 4)")
     p.add_argument("--numel", default="10000000", help="int32 words per worker, comma-separated (default 10M)")
@@ -224,9 +220,9 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     records = []
     for engine in _engines(args.engine):
-        for k in _ints(args.words_per_packet):
-            for w in _ints(args.workers):
-                for n in _ints(args.numel):
+        for k in counts(str(args.words_per_packet)):
+            for w in counts(str(args.workers)):
+                for n in counts(str(args.numel)):
                     with console.status(f"{engine} engine, K={k}, {w} workers, {n:,} words: homagg and gloo"):
                         rec = measure(w, n, words_per_packet=k, slots=args.slots, repeats=args.repeats,
                                       drop=args.drop, timeout=args.timeout, engine=engine)

@@ -134,7 +134,7 @@ def test_bench_codec_table_is_not_cut_at_80_columns(monkeypatch: pytest.MonkeyPa
 def test_bench_switch_table_is_not_cut_at_80_columns(monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COLUMNS", "80")
-    assert main(["bench", "switch", "--workers", "2", "--numel", "20000", "--repeats", "1"]) == 0
+    assert main(["bench", "switch", "--workers", "2", "--numel", "20k", "--repeats", "1"]) == 0  # sizes as every bench takes them
     out = capsys.readouterr().out
     assert "…" not in out
     for header in ("workers", "numel", "homagg s", "gloo s", "homagg Gbit/s", "gloo Gbit/s", "retx", "spurious"):

@@ -285,3 +285,37 @@ def test_steady_compact_goes_two_level_once_the_union_is_remembered() -> None:
     for o in first + second:
         assert torch.equal(o, first[0])
     assert_same_as_fresh(second, xs, "compact")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_drift_inside_the_window_for_every_float_dtype(dtype: torch.dtype) -> None:
+    """The window's grid is at least 24 bits below the agreed exponent whatever the dtype: steady
+    calls of half-precision and float64 inputs take one round while exponents drift, every
+    worker's result identical and within the bound."""
+    ws = Workers(4)
+    g = torch.Generator().manual_seed(21)
+    xs = [torch.randn(20000, generator=g).to(dtype) for _ in range(4)]
+    ws.call(xs, "dense")
+    for factor in (2.0, 0.25, 4.0, 0.5):
+        xs = [(x.double() * factor).to(dtype) for x in xs]
+        outs, stats = ws.call(xs, "dense")
+        assert outs[0].dtype == dtype
+        assert_exact(outs, xs, "dense")
+        assert (stats[0].rounds, stats[0].redos) == (1, 0)
+
+
+def test_no_window_where_the_bound_leaves_no_bits() -> None:
+    """At W >= 128 words carry no bit beyond the bound (slack 0): a steady call stands only where
+    every guess equals the agreed exponent, as with ``guess_window=False``, bit for bit."""
+    from homagg.codec._fixedpoint import guess_slack
+
+    assert guess_slack(128) == 0 and guess_slack(129) == 0 and guess_slack(64) == 1 and guess_slack(4) == 5
+    world = 130
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(2048, generator=g) for _ in range(world)]
+    ws = Workers(world)
+    ws.call(xs, "dense")
+    ys = [x * 2.0 for x in xs]
+    outs, stats = ws.call(ys, "dense")
+    assert stats[0].redos == 1  # every block moved by one order: no window to hold it
+    assert_same_as_fresh(outs, ys, "dense")

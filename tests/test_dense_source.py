@@ -112,5 +112,4 @@ def test_dense_allreduce_over_the_emulator_equals_the_in_process_switch() -> Non
 
     with switch_emulator.start() as sw:
         reports = run_on_switch(sw, 4, numel=200_000, density=1.0, k=512, slots=32, schemes=["dense"])
-    assert len(reports) == 4 and all(r["dense"]["schemes"] == {"dense": 4} or r["dense"]["schemes"].get("dense")
-                                     for r in reports)  # the dense scheme ran, on every worker
+    assert len(reports) == 4 and all(r["dense"]["schemes"].get("dense") for r in reports)  # dense ran everywhere

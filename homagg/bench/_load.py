@@ -8,8 +8,9 @@ normally, on an error or on ``KeyboardInterrupt``, SIGKILLs and reaps them.  The
 session (a terminal's Ctrl-C reaches the benchmark, which then stops them, not them directly) and
 ask the kernel to SIGKILL them when the launcher dies (:func:`~homagg.bench._ranks.die_with_launcher`:
 when the *thread* that entered the context exits, so enter it from the main thread).  Nice 19
-gives each of them a CFS weight of 15 against 1024 at nice 0: they take what the benchmark leaves
-idle and ~1.5% each of a core it wants, which is how a busy host's housekeeping meets a job.
+gives each of them a CFS weight of 15 against 1024 at nice 0, yet on a 2-core VM whose ranks wait
+on the network one of them slowed ``bench models``' compute-only iterations by 27-37%
+(docs/benchmarks.md): it takes every moment a rank waits, and a woken rank may wait for it.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from .._buffers import WordPool
 from .._errors import NonFiniteError
 from ._fixedpoint import EMPTY_EXPONENT, _pow2, precision_bits
 
-__all__ = ["exponents", "quantize", "dequantize_into", "grid_factors", "float32_limit"]
+__all__ = ["exponents", "quantize", "dequantize_into", "float32_grid"]
 
 
 def _parts(flat: torch.Tensor, block_size: int) -> Iterator[tuple[slice, torch.Tensor]]:
@@ -50,7 +50,7 @@ def _parts(flat: torch.Tensor, block_size: int) -> Iterator[tuple[slice, torch.T
 _WORDS = WordPool()
 
 
-def grid_factors(e: torch.Tensor, p: int, lo: int, hi: int, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _grid_factors(e: torch.Tensor, p: int, lo: int, hi: int, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per block, the exact powers of two whose product is ``2**(P - E)`` (``E`` EMPTY: 1), each
     in ``work``'s normal range; the second is None where it is 1 in every block."""
     shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), p - e).to(torch.int64)
@@ -59,10 +59,19 @@ def grid_factors(e: torch.Tensor, p: int, lo: int, hi: int, work: torch.dtype) -
     return _pow2(first, work), (_pow2(rest.clamp(lo, hi), work) if bool((rest != 0).any()) else None)
 
 
-def float32_limit(p: int) -> float:
+def _float32_limit(p: int) -> float:
     """The clamp of float32 grid words: ``2**P - 1``, or for ``P > 24`` the largest float32 below
     ``2**P`` (``2**P - 1`` is no float32 there)."""
     return float(2**p - 1) if p <= 24 else float(2**p - 2 ** (p - 24))
+
+
+def float32_grid(exps: torch.Tensor, world_size: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+    """(f1, f2, limit) of float32 grid words under block exponents ``exps``: what the native
+    quantisers (``homagg_quantize32``, ``homagg_fill_quantize32``) take; the torch path below
+    computes the same per block."""
+    p = precision_bits(world_size)
+    f1, f2 = _grid_factors(exps, p, -126, 127, torch.float32)
+    return f1, f2, _float32_limit(p)
 
 
 def _native_float32(*tensors: torch.Tensor) -> bool:
@@ -98,11 +107,11 @@ def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size
     work = torch.float64 if flat.dtype == torch.float64 else torch.float32
     lo, hi = (-1022, 1023) if work == torch.float64 else (-126, 127)
     p = precision_bits(world_size)
-    limit = float(2**p - 1) if work == torch.float64 else float32_limit(p)
+    limit = float(2**p - 1) if work == torch.float64 else _float32_limit(p)
     if mask is None:
         if flat.dtype == torch.float32 and _native_float32(flat):
             out = torch.from_numpy(_WORDS.take(flat.numel()))
-            f1, f2 = grid_factors(exps, p, lo, hi, work)
+            f1, f2, limit = float32_grid(exps, world_size)
             _native.quantize32(flat.numpy(), block_size, f1.numpy(), None if f2 is None else f2.numpy(), limit,
                                out.numpy())
             return out
@@ -117,7 +126,7 @@ def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size
         if mask is not None:
             keep = torch.nonzero(mask[sl]).squeeze(1)
             view, e = view.index_select(0, keep), e.index_select(0, keep)
-        f1, f2 = grid_factors(e, p, lo, hi, work)
+        f1, f2 = _grid_factors(e, p, lo, hi, work)
         x = view.to(work) * f1.unsqueeze(1)
         if f2 is not None:
             x.mul_(f2.unsqueeze(1))

@@ -91,17 +91,12 @@ HOMAGG_CLONES void homagg_fill_quantize32(const hg_quant_src *q, uint8_t *dst, i
         const int64_t b = (off + i) / q->bs;
         int64_t end = (b + 1) * q->bs - off;
         end = end < n ? end : n;
+        /* without f2 the second factor is 1.0f: IEEE multiplication by one is exact, so the words
+         * are homagg_quantize32's, which skips that multiplication */
         const float a = q->f1[b], c = q->f2 ? q->f2[b] : 1.0f;
-        if (q->f2) {
-            for (; i < end; i++) {
-                const uint32_t w = __builtin_bswap32((uint32_t)(int32_t)clamp_limit(nearbyintf((x[off + i] * a) * c), limit));
-                memcpy(dst + 4 * i, &w, 4);
-            }
-        } else {
-            for (; i < end; i++) {
-                const uint32_t w = __builtin_bswap32((uint32_t)(int32_t)clamp_limit(nearbyintf(x[off + i] * a), limit));
-                memcpy(dst + 4 * i, &w, 4);
-            }
+        for (; i < end; i++) {
+            const uint32_t w = __builtin_bswap32((uint32_t)(int32_t)clamp_limit(nearbyintf((x[off + i] * a) * c), limit));
+            memcpy(dst + 4 * i, &w, 4);
         }
     }
 }

@@ -22,7 +22,6 @@ import ctypes
 import torch
 
 from . import _blocks, _native
-from ._fixedpoint import precision_bits
 from ..transport._base import WordSource
 
 __all__ = ["QuantizedWords", "fills_natively"]
@@ -59,12 +58,11 @@ class QuantizedWords(WordSource):
         if not fills_natively(self._flat):
             return None
         if self._ctx is None:
-            p = precision_bits(self._world_size)
-            f1, f2 = _blocks.grid_factors(self._exponents, p, -126, 127, torch.float32)
+            f1, f2, limit = _blocks.float32_grid(self._exponents, self._world_size)
             f1 = f1.contiguous()
             f2 = None if f2 is None else f2.contiguous()
             self._keep = (f1, f2)  # the context points into them
             self._ctx = _QuantCtx(self._flat.data_ptr(), f1.data_ptr(), 0 if f2 is None else f2.data_ptr(),
-                                  _blocks.float32_limit(p), self._block_size)
+                                  limit, self._block_size)
         assert _native.FILL_QUANTIZE32 is not None
         return _native.FILL_QUANTIZE32, ctypes.addressof(self._ctx)

@@ -27,6 +27,7 @@ from ._errors import (
     AuthenticationError,
     ConfigError,
     GroupCreationError,
+    PathWarning,
     HomAggError,
     InputError,
     IntegerOverflowError,
@@ -77,6 +78,7 @@ __all__ = [
     "SwitchTimeoutError",
     "RankTimeoutError",
     "GroupCreationError",
+    "PathWarning",
 ]
 
 

@@ -15,6 +15,11 @@ Every error homagg raises derives from :class:`HomAggError`, so callers can catc
         ├── SwitchTimeoutError  a bounded wait ran out (names job, slot/offset, missing workers)
         ├── RankTimeoutError    ranks of a process group did not arrive in time (``ranks``)
         └── GroupCreationError  a homagg process group could not be created on every rank
+
+Warnings (not errors: nothing failed for the caller)::
+
+    PathWarning (UserWarning)  a process group changed path: the switch failed and its collectives
+                               continue on the host path (gloo), or the switch is back
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ __all__ = [
     "SwitchTimeoutError",
     "RankTimeoutError",
     "GroupCreationError",
+    "PathWarning",
 ]
 
 
@@ -104,3 +110,8 @@ class GroupCreationError(TransportError):
     def __init__(self, message: str = "", ranks: tuple[int, ...] = ()) -> None:
         super().__init__(message)
         self.ranks = tuple(ranks)
+
+
+class PathWarning(UserWarning):
+    """A homagg process group changed path (switch -> host after a switch failure, host -> switch
+    when it is back); issued once per transition on every rank, with the cause."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["WorkerStats"]
 
@@ -22,6 +23,10 @@ class WorkerStats:
     repaired          elements recovered by the 2-core repair round (sketch)
     schemes           how many tensors each concrete scheme carried (auto resolves to one)
     sketch_cells      cells of the last sketch sent (0 if none)
+    paths             process-group allreduces per path that completed them: ``switch`` or
+                      ``host`` (the group's gloo; a call that lost the switch midway counts as host)
+    transitions       the group's path changes, in order: dicts with ``at_call``, ``from``, ``to``,
+                      ``cause`` and measured seconds (``detect_s``, ``agree_s``; ``readmit_s``)
     """
 
     bytes_per_stream: Counter[str] = field(default_factory=Counter)
@@ -33,6 +38,8 @@ class WorkerStats:
     repaired: int = 0
     schemes: Counter[str] = field(default_factory=Counter)
     sketch_cells: int = 0
+    paths: Counter[str] = field(default_factory=Counter)
+    transitions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def bytes_sent(self) -> int:

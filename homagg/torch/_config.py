@@ -36,6 +36,14 @@ group is created; an invalid value raises :class:`~homagg.ConfigError` naming th
                                                   ``qsgd:levels=16`` (:mod:`homagg.compress`),
                                                   applied to the allreduces issued during
                                                   backward (DDP's buckets); canonical form
+``fallback``        ``HOMAGG_FALLBACK``           what a switch failure does: ``host`` (default:
+                                                  the group continues on the host path, gloo,
+                                                  and returns to the switch when it answers
+                                                  again) or ``error`` (a typed error; the group
+                                                  is unusable): :mod:`._fallback`
+``probe_interval``  ``HOMAGG_PROBE_INTERVAL``     seconds between rank 0's probes of a failed
+                                                  switch while on the host path (default: 1,
+                                                  doubling after a failed return, up to 30)
 ``codec``           (none)                        dict of extra keyword options for
                                                   :func:`homagg.allreduce`
 =================  ===========================  ==============================================
@@ -68,8 +76,12 @@ ENV_VARS: dict[str, str] = {
     "words_per_packet": "HOMAGG_WORDS_PER_PACKET",
     "slots": "HOMAGG_SLOTS",
     "compress": "HOMAGG_COMPRESS",
+    "fallback": "HOMAGG_FALLBACK",
+    "probe_interval": "HOMAGG_PROBE_INTERVAL",
 }
 DEFAULT_TIMEOUT_S = 30.0
+#: what a switch failure does (``fallback``): continue on the host path, or raise
+FALLBACK_POLICIES = ("host", "error")
 
 
 def _switch_address(text: str, *, source: str = "switch") -> tuple[str, int]:
@@ -95,6 +107,8 @@ class BackendConfig:
     words_per_packet: int | None = None
     slots: int | None = None
     compress: str | None = None
+    fallback: str = "host"
+    probe_interval: float = 1.0
     codec: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -106,6 +120,11 @@ class BackendConfig:
             raise ConfigError(f"timeout: expected a finite number of seconds > 0, got {self.timeout!r}")
         if self.switch_control is not None:
             _switch_address(self.switch_control, source="switch_control")
+        if self.fallback not in FALLBACK_POLICIES:
+            raise ConfigError(f"fallback: {self.fallback!r} is not one of {', '.join(FALLBACK_POLICIES)}")
+        if (isinstance(self.probe_interval, bool) or not isinstance(self.probe_interval, (int, float))
+                or not math.isfinite(self.probe_interval) or self.probe_interval <= 0):
+            raise ConfigError(f"probe_interval: expected a finite number of seconds > 0, got {self.probe_interval!r}")
         for key, low, high in (("words_per_packet", 1, MAX_WORDS_JUMBO), ("slots", 1, MAX_SLOTS)):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
@@ -179,13 +198,13 @@ def _compress_spec(value: Any, *, source: str) -> str | None:
 
 def _convert(key: str, value: Any, *, source: str) -> Any:
     """Normalise one raw option value (a string from the environment or a Python value)."""
-    if key == "timeout":
+    if key in ("timeout", "probe_interval"):
         try:
             seconds = float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{source}: timeout {value!r} is not a number of seconds") from None
+            raise ConfigError(f"{source}: {key} {value!r} is not a number of seconds") from None
         if not math.isfinite(seconds) or seconds <= 0:
-            raise ConfigError(f"{source}: timeout must be finite and > 0, got {value!r}")
+            raise ConfigError(f"{source}: {key} must be finite and > 0, got {value!r}")
         return seconds
     if key in ("words_per_packet", "slots"):
         try:
@@ -207,6 +226,11 @@ def _convert(key: str, value: Any, *, source: str) -> Any:
         if low in ("embedded", "gloo"):
             return low
         return format_addr(_switch_address(value, source=source))
+    if key == "fallback":
+        low = value.lower()
+        if low not in FALLBACK_POLICIES:
+            raise ConfigError(f"{source}: fallback {value!r} is not one of {', '.join(FALLBACK_POLICIES)}")
+        return low
     if key == "scheme":
         low = value.lower()
         if low not in SCHEMES:

@@ -54,7 +54,8 @@ from .._errors import InputError, TransportError
 from ..transport import transport_error
 from ._config import BackendConfig
 from ._creation import READY_KEY, arrive, creation_error, gloo_group
-from ._switch_setup import SwitchLink, await_ranks, open_switch
+from ._fallback import PathPort
+from ._switch_setup import SwitchLink, await_ranks, open_switch, probe_switch, reopen_switch
 from ._work import FifoWorker, HomaggWork, TaskResult
 
 __all__ = ["ProcessGroupHomagg", "CODEC_FLOAT_DTYPES", "CODEC_INT_DTYPES"]
@@ -132,6 +133,7 @@ class ProcessGroupHomagg(ProcessGroup):
         self._delegate_pg: dist.ProcessGroup | None = None  # plain C++ group over the delegate
         self._private: dist.ProcessGroup | None = None  # gloo for the worker thread
         self._link: SwitchLink | None = None
+        self._path: PathPort | None = None  # switch or host path (udp switches; None for gloo)
         self._wait_s = timeout.total_seconds() + 5.0
         self._broken: BaseException | None = None  # sticky: first failed collective
         self._guards: dict[int, list[HomaggWork]] = {}  # backward graph task id -> its works
@@ -162,7 +164,25 @@ class ProcessGroupHomagg(ProcessGroup):
         self._delegate_pg._set_default_backend(_GLOO)
         self._private = gloo_group(store, "homagg/private/", rank, size, timeout, deadline, "private")
         self._link = open_switch(self.config, store, rank, size, self._private, group_id, timeout.total_seconds())
+        if self._link.kind != "gloo":
+            self._path = self._path_port(store, rank, size, group_id, timeout.total_seconds())
         await_ranks(store, READY_KEY, rank, size, timeout.total_seconds(), "group creation (registration with the switch)")
+
+    def _path_port(self, store: dist.Store, rank: int, size: int, group_id: str, timeout_s: float) -> PathPort:
+        """The port every codec round goes through: the switch, or the host path after it failed."""
+        assert self._link is not None and self._private is not None
+        config, first = self.config, self._link
+        return PathPort(
+            first, self._private, rank, size, stats=self.stats, policy=config.fallback, timeout_s=timeout_s,
+            probe_interval_s=config.probe_interval,
+            open_link=lambda epoch: reopen_switch(config, store, rank, size, group_id, timeout_s, epoch),
+            probe=lambda: probe_switch(config, first))
+
+    @property
+    def path(self) -> str:
+        """``switch`` or ``host``: the path this group's allreduces take now (``gloo`` for
+        ``switch="gloo"``)."""
+        return self._path.path if self._path is not None else "gloo"
 
     # ------------------------------------------------------------------ identity
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -185,7 +205,7 @@ class ProcessGroupHomagg(ProcessGroup):
         """The switch this group aggregates through (port, address, job; owned emulator if any)."""
         if self._link is None:
             raise TransportError("homagg process group is shut down")
-        return self._link
+        return self._path.link if self._path is not None else self._link
 
     # ------------------------------------------------------------------ accelerated
     def allreduce(self, tensors: Sequence[torch.Tensor] | torch.Tensor, opts: Any = None) -> HomaggWork:
@@ -214,7 +234,10 @@ class ProcessGroupHomagg(ProcessGroup):
         return True
 
     def _codec_allreduce(self, tensors: list[torch.Tensor], op: Any, compress: bool = False) -> TaskResult:
-        port = self.switch.port
+        path = self._path
+        port = path if path is not None else self.switch.port
+        if path is not None:
+            path.at_call_boundary()
         for t in tensors:
             if compress and self.compressor is not None and self.compressor.takes(t):
                 self.compressor.allreduce(t, port, scheme=self.config.scheme, config=self._codec, stats=self.stats,
@@ -224,6 +247,8 @@ class ProcessGroupHomagg(ProcessGroup):
                                    stats=self.stats, history=self.history)
             if op == dist.ReduceOp.AVG:
                 t.div_(self.size())
+        if path is not None:
+            path.end_call()
         return tensors
 
     # ------------------------------------------------------------------ delegated on the worker
@@ -327,6 +352,8 @@ class ProcessGroupHomagg(ProcessGroup):
             gloo = self._private
             if gloo is None:
                 raise TransportError("homagg process group is shut down")
+            if self._path is not None:
+                self._path.before_gloo_op()  # nobody may still wait for a switch round (see _fallback)
             t0 = time.monotonic()
             try:
                 work = call(gloo)
@@ -359,7 +386,10 @@ class ProcessGroupHomagg(ProcessGroup):
     def _release(self) -> None:
         self._worker.close()
         link, self._link = self._link, None
-        if link is not None:
+        path, self._path = self._path, None
+        if path is not None:
+            path.close()  # the link in use (the first one, or one opened after a fallback)
+        elif link is not None:
             link.close()
         if self._private is not None or self._delegate is not None:
             # gloo's threads free finished work under their queue lock and may need the GIL for

@@ -20,6 +20,7 @@ every store wait is bounded by the group timeout and a timeout names the ranks t
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -31,7 +32,8 @@ from ..transport import GlooSwitchPort, transport_error
 from ._config import BackendConfig
 from ._link import SwitchLink
 
-__all__ = ["SwitchLink", "open_switch", "await_ranks", "report_failure", "absent_ranks"]
+__all__ = ["SwitchLink", "open_switch", "reopen_switch", "probe_switch", "await_ranks", "report_failure",
+           "absent_ranks"]
 
 _CONFIG_KEY = "homagg/config"
 _SWITCH_KEY = "homagg/switch"
@@ -49,7 +51,8 @@ def _store_get(store: dist.Store, key: str, timeout_s: float, what: str) -> byte
 
 def _agree_on_config(config: BackendConfig, store: dist.Store, rank: int, timeout_s: float) -> None:
     mine = json.dumps(
-        {"switch": config.switch, "scheme": config.scheme, "codec": dict(config.codec), "compress": config.compress},
+        {"switch": config.switch, "scheme": config.scheme, "codec": dict(config.codec), "compress": config.compress,
+         "fallback": config.fallback, "probe_interval": config.probe_interval},
         sort_keys=True, default=repr
     )
     if rank == 0:
@@ -82,6 +85,38 @@ def open_switch(
         raise
     except OSError as exc:
         raise ConfigError(f"homagg: cannot reach or start the switch ({config.switch}): {exc}") from exc
+
+
+def reopen_switch(config: BackendConfig, store: dist.Store, rank: int, size: int, group_id: str,
+                  group_timeout_s: float, epoch: int) -> SwitchLink:
+    """A new link to the group's switch after it failed (collective, like :func:`open_switch`):
+    rank 0 admits a new job (the embedded emulator is started again if it died) and publishes it
+    under a key of its own (``epoch``), every rank registers a new port."""
+    from . import _udp_link
+
+    try:
+        return _udp_link.open_udp(config, store, rank, size, group_id, group_timeout_s, _store_get,
+                                  f"{_SWITCH_KEY}/{epoch}")
+    except HomAggError:
+        raise
+    except OSError as exc:
+        raise TransportError(f"homagg: cannot reach the switch again ({config.switch}): {exc}") from exc
+
+
+def probe_switch(config: BackendConfig, link: SwitchLink, timeout_s: float = 0.5) -> bool:
+    """Does the failed switch answer again?  An embedded emulator is started anew by
+    :func:`reopen_switch` (always worth a try); an external switch must accept a connection on its
+    control port (the same test as :class:`~homagg.transport._liveness.Liveness`)."""
+    if config.switch == "embedded":
+        return True
+    control = config.control_address or link.control
+    if control is None:
+        return False
+    try:
+        socket.create_connection(control, timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:

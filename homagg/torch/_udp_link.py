@@ -160,13 +160,20 @@ def open_udp(
         try:
             with ControlClient(ctl_addr, timeout=min(config.timeout, 10.0), secret=secret) as ctl:
                 job = ctl.admit(size, n_slots=slots, words_per_packet=words)
-        except BaseException:
+        except BaseException as exc:
             if emulator is not None:
                 _release_emulator(host, emulator)
+            # the other ranks learn it at once instead of waiting for the group timeout
+            try:
+                store.set(key, json.dumps({"error": f"{type(exc).__name__}: {exc}"[:500]}))
+            except RuntimeError:
+                pass  # the store is gone: the others' waits end at their bound
             raise
         store.set(key, json.dumps({"data": list(data_addr), "control": list(ctl_addr), "job": job.to_dict(),
                                    "secret": secret}))
     info = json.loads(store_get(store, key, group_timeout_s, "the switch address").decode())
+    if "error" in info:
+        raise TransportError(f"homagg: group rank 0 could not admit the job on the switch: {info['error']}")
     job = JobSpec.from_dict(info["job"])
     data_addr, ctl_addr = tuple(info["data"]), tuple(info["control"])
     secret = info.get("secret")

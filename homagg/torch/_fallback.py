@@ -1,0 +1,274 @@
+"""The switch as an accelerator, not a single point of failure: a port that falls back to the host path.
+
+A homagg process group sends every round through :class:`PathPort`.  On the switch path it is
+the group's UDP port; when the switch fails (killed, restarted, unreachable, the job's admission
+lost: the port raises :class:`~homagg.TransportError`), every rank agrees over the group's private
+gloo group on how far each got, completes the failed round the same way, and the group continues on
+the *host path*: the same codec, its rounds combined by :class:`~homagg.transport.GlooSwitchPort`
+(words ADDed/ORed/MAXed by gloo), so a call's result is bit-identical whichever path carried it.
+While on the host path, rank 0 probes the switch; when it answers, every rank re-admits the job
+(new job, token and slots) and the group returns to the switch at a call boundary all ranks agree on.
+
+State machine (every rank passes the same transitions at the same round/call)::
+
+    switch --(a round fails on some rank: agreement, recovery)--> host
+    host   --(call boundary, rank 0's probe answered, every rank re-registered)--> switch
+
+Agreement.  Every rank counts the rounds it completed (``rounds``; the codec makes every rank run
+the same rounds in the same order).  A round completes at a rank only when every rank sent its
+words, and a rank sends round ``n + 1`` only after round ``n`` completed at it; so when the switch
+fails, the ranks' counts differ by at most one.  The agreement (an allgather over gloo) then says:
+
+* some ranks completed round ``m + 1`` and others did not: the first of those that did broadcasts
+  that round's combined words, which it still holds (:attr:`PathPort.last`: the result arrays of
+  its last round, kept referenced, never copied, until its next round completes), to the others;
+* nobody completed it: every rank redoes it on the host path from the words it was sending.
+
+Then every rank continues on the host path; a rank that was already one round further redoes that
+round on the host path, where the others arrive after their protocol consumed round ``m + 1``.
+Nothing is summed twice (each round is combined exactly once per rank) and nothing is lost.
+
+Headers.  A rank that finished a call on the switch may go on to a gloo operation (broadcast,
+barrier) while another rank still waits for that call's last round: before the first gloo
+operation after switch rounds each rank runs the same agreement (:meth:`PathPort.before_gloo_op`)
+with nothing failed, so a waiting rank's agreement and the finished rank's header are the same
+collective.
+
+Policy: ``fallback="error"`` keeps the old behaviour (the port's error reaches the caller, the group
+is unusable).  Errors a fallback cannot fix still surface: a peer that died (the agreement's gloo
+collective fails), ranks out of step (:class:`~homagg.RankMismatchError` is not a transport error),
+bad input.
+
+Invariants: every rank's result of every round is the same combination of every rank's words, on
+either path; every rank leaves each call on the same path; every wait is bounded (the switch port's
+timeout, then gloo's, then the store's).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .._errors import HomAggError, PathWarning, ProtocolError, TransportError
+from ..codec import WorkerStats
+from ..transport import GlooSwitchPort, Stream, SwitchPort, transport_error
+from ._config import FALLBACK_POLICIES
+from ._link import SwitchLink
+
+__all__ = ["PathPort", "FALLBACK_POLICIES"]
+
+_OK, _FAILED = 0, 1
+_MAX_PROBE_INTERVAL_S = 30.0
+
+
+class PathPort(SwitchPort):
+    """One rank's rounds, on the switch or on the host path (see the module docstring).
+
+    ``open_link(epoch)`` opens a new switch link for the group (collective: rank 0 admits a job,
+    every rank registers); ``probe()`` (rank 0) says whether the switch answers again.
+    """
+
+    def __init__(self, link: SwitchLink, gloo: dist.ProcessGroup, rank: int, world_size: int, *,
+                 stats: WorkerStats, policy: str, timeout_s: float, probe_interval_s: float,
+                 open_link: Callable[[int], SwitchLink], probe: Callable[[], bool]) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.link: SwitchLink = link
+        self.path = "switch"
+        self.policy = policy
+        self.stats = stats
+        self.last: list[torch.Tensor] | None = None  #: the last switch round's combined words (see above)
+        self.rounds = 0  #: rounds completed, on either path (the same count on every rank)
+        self.epoch = 0  #: switch links opened after the first
+        self._gloo = gloo
+        self._host = GlooSwitchPort(gloo, rank, world_size, timeout_s=timeout_s)
+        self._timeout_s = timeout_s
+        self._open_link, self._probe = open_link, probe
+        self._probe_interval_s = self._interval_s = probe_interval_s
+        self._next_probe = 0.0
+        self._dirty = False  # switch rounds since the last agreement
+        self._call_host = False  # the current call used the host path
+        self._calls = 0
+        self._fallback_at = 0.0
+
+    # ------------------------------------------------------------------ rounds
+    def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
+        if self.path == "host":
+            self._call_host = True
+            out = self._host.combine(streams)
+            self.rounds += 1
+            return out
+        t0 = time.monotonic()
+        try:
+            out = self.link.port.combine(streams)
+        except TransportError as exc:
+            if self.policy == "error":
+                raise
+            return self._fall_back(streams, exc, time.monotonic() - t0)
+        self.rounds += 1
+        self.last = out
+        self._dirty = True
+        return out
+
+    def _fall_back(self, streams: Sequence[Stream], exc: TransportError, detect_s: float) -> list[torch.Tensor]:
+        t0 = time.monotonic()
+        table = self._agree(_FAILED)
+        out = self._recover(table, streams)
+        assert out is not None  # this rank failed: _recover completed its round
+        self.rounds += 1
+        self._to_host(f"rank {self.rank}: {exc}", detect_s, time.monotonic() - t0)
+        return out
+
+    def before_gloo_op(self) -> None:
+        """Header of a gloo operation on the worker: after switch rounds, agree that nobody still
+        waits for one (a waiting rank's agreement is this same collective)."""
+        if self.path != "switch" or not self._dirty or self.policy == "error":
+            return
+        t0 = time.monotonic()
+        table = self._agree(_OK)
+        self._dirty = False
+        if any(state == _FAILED for state, _ in table):
+            self._recover(table, None)
+            failed = [r for r, (state, _) in enumerate(table) if state == _FAILED]
+            self._to_host(f"ranks {failed} lost the switch", 0.0, time.monotonic() - t0)
+
+    # ------------------------------------------------------------------ agreement
+    def _agree(self, state: int) -> list[tuple[int, int]]:
+        """Every rank's (state, rounds completed): an allgather over the private gloo group."""
+        rows = torch.zeros(self.world_size, 2, dtype=torch.int64)
+        rows[self.rank, 0], rows[self.rank, 1] = state, self.rounds
+        self._gloo_call("agreement on the switch failure", lambda: self._gloo.allreduce([rows]))
+        return [(int(s), int(n)) for s, n in rows.tolist()]
+
+    def _recover(self, table: list[tuple[int, int]], streams: Sequence[Stream] | None) -> list[torch.Tensor] | None:
+        """Complete the round the ranks that failed were in; return this rank's result of it (None
+        when this rank was not in it).  ``streams``: this rank's words of that round, if it failed."""
+        counts = [n for _, n in table]
+        low, high = min(counts), max(counts)
+        if high - low > 1 or any(state == _OK and n != high for state, n in table):
+            raise ProtocolError(f"homagg: ranks out of step when the switch failed (state, rounds): {table}")
+        behind = counts[self.rank] == low and high > low
+        if high == low:  # nobody holds the round: everyone redoes it on the host path
+            if streams is None:
+                raise ProtocolError(f"homagg: rank {self.rank} holds no round to redo: {table}")
+            return self._host.combine(streams)
+        source = counts.index(high)
+        if behind:
+            if streams is None:
+                raise ProtocolError(f"homagg: rank {self.rank} is behind without a round: {table}")
+            lengths, devices = [s.length for s in streams], [s.device for s in streams]
+            buf = torch.empty(sum(lengths), dtype=torch.int32)
+        else:
+            held = self.last or []
+            lengths, devices = [t.numel() for t in held], [t.device for t in held]
+            buf = (torch.cat([t.detach().cpu().view(-1) for t in held]) if held
+                   else torch.empty(0, dtype=torch.int32))
+        opts = dist.BroadcastOptions()
+        opts.rootRank = source
+        self._gloo_call(f"rank {source}'s words of round {high}", lambda: self._gloo.broadcast([buf], opts))
+        out = [part.to(dev) for part, dev in zip(torch.split(buf, lengths), devices, strict=True)]
+        if not behind:  # a rank one round further redoes its own round (if any) on the host path
+            return self._host.combine(streams) if streams is not None else None
+        return out
+
+    def _gloo_call(self, what: str, call: Callable[[], Any]) -> None:
+        t0 = time.monotonic()
+        try:
+            call().wait()
+        except RuntimeError as exc:  # a peer died, or gloo's timeout
+            raise transport_error(exc, f"homagg rank {self.rank}: {what} (host path)", timeout_s=self._timeout_s,
+                                  waited_s=time.monotonic() - t0) from exc
+
+    # ------------------------------------------------------------------ transitions
+    def _to_host(self, cause: str, detect_s: float, agree_s: float) -> None:
+        dead, self.path = self.link, "host"
+        self.last, self._dirty, self._call_host = None, False, True
+        self._fallback_at = time.monotonic()
+        self._next_probe = self._fallback_at + self._probe_interval_s
+        self._interval_s = self._probe_interval_s
+        self.stats.transitions.append({"at_call": self._calls, "from": "switch", "to": "host", "cause": cause,
+                                       "detect_s": round(detect_s, 4), "agree_s": round(agree_s, 4)})
+        warnings.warn(f"homagg: the switch failed ({cause}); rank {self.rank} continues on the host path "
+                      "(gloo), probing the switch", PathWarning, stacklevel=2)
+        _close_quietly(dead)
+
+    def at_call_boundary(self) -> None:
+        """Before each call: on the host path, go back to the switch when rank 0's probe says it
+        answers and every rank re-registered (the decision is a collective: the same on every rank)."""
+        self._calls += 1
+        self._call_host = self.path == "host"
+        if self.path != "host":
+            return
+        want = torch.zeros(1, dtype=torch.int64)
+        now = time.monotonic()
+        if self.rank == 0 and now >= self._next_probe:
+            self._next_probe = now + self._interval_s
+            want[0] = int(self._probe())
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        self._gloo_call("the switch probe's verdict", lambda: self._gloo.allreduce([want], opts))
+        if want[0]:
+            self._try_return()
+        self._call_host = self.path == "host"
+
+    def _try_return(self) -> None:
+        t0 = time.monotonic()
+        self.epoch += 1
+        link: SwitchLink | None = None
+        why = ""
+        try:
+            link = self._open_link(self.epoch)
+        except HomAggError as exc:
+            why = str(exc)
+        ok = torch.tensor([int(link is not None)], dtype=torch.int64)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN
+        self._gloo_call("re-admission to the switch", lambda: self._gloo.allreduce([ok], opts))
+        if not ok[0]:
+            if link is not None:
+                _close_quietly(link)
+            self._interval_s = min(2 * self._interval_s, _MAX_PROBE_INTERVAL_S)
+            self._next_probe = time.monotonic() + self._interval_s
+            self.stats.transitions.append({"at_call": self._calls, "from": "host", "to": "host",
+                                           "cause": f"re-admission failed: {why or 'on another rank'}",
+                                           "readmit_s": round(time.monotonic() - t0, 4)})
+            return
+        assert link is not None
+        self.link, self.path, self._dirty = link, "switch", False
+        self._interval_s = self._probe_interval_s
+        readmit_s = time.monotonic() - t0
+        self.stats.transitions.append({"at_call": self._calls, "from": "host", "to": "switch",
+                                       "cause": f"switch answers again (job {link.job_id})",
+                                       "readmit_s": round(readmit_s, 4),
+                                       "host_s": round(time.monotonic() - self._fallback_at, 4)})
+        warnings.warn(f"homagg: the switch answers again; rank {self.rank} is back on it (job {link.job_id}, "
+                      f"re-admitted in {readmit_s:.3f}s)", PathWarning, stacklevel=2)
+
+    def end_call(self) -> None:
+        """Count the call that just completed under the path that completed it."""
+        self.stats.paths["host" if self._call_host else "switch"] += 1
+
+    def close(self) -> None:
+        self.last = None
+        self._host.close()
+        self.link.close()
+
+
+def _close_quietly(link: SwitchLink) -> None:
+    """Close a link whose switch failed, off the caller's thread (removing its job from an
+    unreachable switch may wait for a connect timeout); its errors are expected and dropped."""
+
+    def run() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                link.close()
+            except Exception:  # noqa: BLE001 - the switch is gone: nothing left to release
+                pass
+
+    threading.Thread(target=run, name="homagg-close-failed-link", daemon=True).start()

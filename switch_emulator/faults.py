@@ -1,9 +1,14 @@
-"""Fault injection for tests: drop, duplicate and reorder datagrams at the switch.
+"""Fault injection for tests: drop, duplicate and reorder datagrams at the switch; mute workers.
 
 Rates are per datagram.  ``drop`` applies at ingress *and* to each replicated result at egress;
 ``duplicate`` processes an ingress datagram twice; ``reorder`` holds one ingress datagram back and
 processes it after the next one (or when the input goes idle), i.e. swaps neighbours.  Reordering
 is bounded to one position so that a late copy can never outlive two uses of a slot bank.
+``mute`` lists worker ids that receive no result at all (neither the completed slot's copies nor
+the answers to their retransmissions, and no multicast copy: while a muted worker is subscribed,
+results go by unicast): the switch state advances for everyone while those workers wait, the
+situation a switch crash leaves when it strikes between the results reaching some workers and
+the others.
 """
 
 from __future__ import annotations
@@ -27,16 +32,29 @@ class FaultConfig:
     duplicate: float = 0.0
     reorder: float = 0.0
     seed: int | None = None
+    mute: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("drop", "duplicate", "reorder"):
             v = getattr(self, name)
             if not 0.0 <= v < 1.0:
                 raise ConfigError(f"fault rate {name}={v} outside [0, 1)")
+        try:
+            mute = tuple(sorted({int(w) for w in self.mute}))
+        except (TypeError, ValueError):
+            raise ConfigError(f"mute: expected worker ids, got {self.mute!r}") from None
+        if any(not 0 <= w < 64 for w in mute):
+            raise ConfigError(f"mute: worker ids must lie in [0, 64), got {self.mute!r}")
+        object.__setattr__(self, "mute", mute)
 
     @property
     def active(self) -> bool:
-        return bool(self.drop or self.duplicate or self.reorder)
+        return bool(self.drop or self.duplicate or self.reorder or self.mute)
+
+    @property
+    def mute_mask(self) -> int:
+        """The muted workers as a bitmap (bit ``w`` for worker ``w``)."""
+        return sum(1 << w for w in self.mute)
 
     def to_dict(self) -> dict[str, float | int | None]:
         return asdict(self)
@@ -77,7 +95,12 @@ class FaultInjector:
         if held is not None:
             self.process(*held)
 
-    def egress_drop(self) -> bool:
+    def egress_drop(self, worker_id: int) -> bool:
+        """Drop a result copy for ``worker_id`` (0 for a multicast copy)?  Muted workers' copies
+        always (``drop_muted``), others at the drop rate (``drop_injected_egress``)."""
+        if self.config.mute and worker_id in self.config.mute:
+            self.counters["drop_muted"] += 1
+            return True
         d = self.config.drop
         if d and self._rand() < d:
             self.counters["drop_injected_egress"] += 1

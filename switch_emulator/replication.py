@@ -25,9 +25,12 @@ SendFn = Callable[[memoryview, tuple[str, int]], None]
 class Replicator:
     """Builds result datagrams in one preallocated buffer and hands them to ``send``."""
 
-    def __init__(self, send: SendFn, egress_drop: Callable[[], bool] | None = None) -> None:
+    def __init__(self, send: SendFn, egress_drop: Callable[[int], bool] | None = None) -> None:
         self.send = send
         self.egress_drop = egress_drop
+        #: workers that get no multicast copy (fault injection's ``mute``): while one of them is
+        #: subscribed, every copy goes by unicast
+        self.unicast_only = 0
         self._buf = bytearray(datagram_len(MAX_WORDS_JUMBO))
         self._mv = memoryview(self._buf)
         self._words = payload_view(self._buf, MAX_WORDS_JUMBO)
@@ -42,7 +45,7 @@ class Replicator:
 
     def multicast(self, job: JobState, i: int) -> None:
         dgram = self._build(job, i)
-        sub = job.subscribed
+        sub = 0 if job.subscribed & self.unicast_only else job.subscribed
         if sub and job.group is not None:
             self._out(dgram, 0, job.group)
         for wid, addr in enumerate(job.addrs):
@@ -56,7 +59,7 @@ class Replicator:
             self._out(self._build(job, i), worker_id, addr)
 
     def _out(self, dgram: memoryview, wid: int, addr: tuple[str, int]) -> None:
-        if self.egress_drop is not None and self.egress_drop():
+        if self.egress_drop is not None and self.egress_drop(wid):
             return  # counted by the fault injector (drop_injected_egress)
         set_worker_id(self._buf, wid)
         self.send(dgram, addr)

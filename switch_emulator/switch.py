@@ -46,6 +46,7 @@ class Switch:
         self.pipeline = Pipeline(self.admission, send, self.counters)
         self.faults = FaultInjector(faults or FaultConfig(), self.pipeline.process, self.counters)
         self.pipeline.replicator.egress_drop = self.faults.egress_drop
+        self.pipeline.replicator.unicast_only = self.faults.config.mute_mask
         self.data_addr: tuple[str, int] | None = None
         #: job id -> its result multicast group; set by a backend that can send to groups
         self.group_for: Callable[[int], tuple[str, int]] | None = None
@@ -197,8 +198,9 @@ class Switch:
             raise ConfigError("fault injection is disabled on this switch (start it with --allow-faults)")
         if self.engine != "python":
             raise ConfigError("fault injection runs in the python engine only (start the switch with --engine python)")
-        cfg = FaultConfig(**{k: req[k] for k in ("drop", "duplicate", "reorder", "seed") if k in req})
+        cfg = FaultConfig(**{k: req[k] for k in ("drop", "duplicate", "reorder", "seed", "mute") if k in req})
         self.faults.configure(cfg)
+        self.pipeline.replicator.unicast_only = cfg.mute_mask
         log.info("fault injection set to %s by %s", cfg.to_dict(), self._peer)
         return {"faults": cfg.to_dict()}
 

@@ -65,6 +65,7 @@ __all__ = ["PathPort", "FALLBACK_POLICIES"]
 
 _OK, _FAILED = 0, 1
 _MAX_PROBE_INTERVAL_S = 30.0
+_FLAP_WINDOW_S = 60.0  # a fallback this soon after a return doubles the probe interval
 
 
 class PathPort(SwitchPort):
@@ -93,8 +94,10 @@ class PathPort(SwitchPort):
         self._next_probe = 0.0
         self._dirty = False  # switch rounds since the last agreement
         self._call_host = False  # the current call used the host path
-        self._calls = 0
+        self._calls = 0  # calls started (at_call_boundary)
+        self._sync_from = 0  # the first call whose boundary syncs on the host path
         self._fallback_at = 0.0
+        self._returned_at = -1e9
 
     # ------------------------------------------------------------------ rounds
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
@@ -139,11 +142,17 @@ class PathPort(SwitchPort):
 
     # ------------------------------------------------------------------ agreement
     def _agree(self, state: int) -> list[tuple[int, int]]:
-        """Every rank's (state, rounds completed): an allgather over the private gloo group."""
-        rows = torch.zeros(self.world_size, 2, dtype=torch.int64)
-        rows[self.rank, 0], rows[self.rank, 1] = state, self.rounds
+        """Every rank's (state, rounds completed): an allgather over the private gloo group.
+
+        It also carries each rank's call count: the first call boundary that syncs on the host path
+        (:meth:`at_call_boundary`) is the first call that no rank had started at the agreement, so
+        a rank that fell back inside call ``c`` and one that fell back inside call ``c + 1`` sync
+        at the same boundary."""
+        rows = torch.zeros(self.world_size, 3, dtype=torch.int64)
+        rows[self.rank, 0], rows[self.rank, 1], rows[self.rank, 2] = state, self.rounds, self._calls
         self._gloo_call("agreement on the switch failure", lambda: self._gloo.allreduce([rows]))
-        return [(int(s), int(n)) for s, n in rows.tolist()]
+        self._sync_from = int(rows[:, 2].max()) + 1
+        return [(int(s), int(n)) for s, n, _ in rows.tolist()]
 
     def _recover(self, table: list[tuple[int, int]], streams: Sequence[Stream] | None) -> list[torch.Tensor] | None:
         """Complete the round the ranks that failed were in; return this rank's result of it (None
@@ -189,8 +198,11 @@ class PathPort(SwitchPort):
         dead, self.path = self.link, "host"
         self.last, self._dirty, self._call_host = None, False, True
         self._fallback_at = time.monotonic()
-        self._next_probe = self._fallback_at + self._probe_interval_s
-        self._interval_s = self._probe_interval_s
+        # a switch that fails again soon after a return (e.g. alive but dropping everything) is
+        # probed less and less often: each such return cost a detection
+        recent = self._fallback_at - self._returned_at < _FLAP_WINDOW_S
+        self._interval_s = min(2 * self._interval_s, _MAX_PROBE_INTERVAL_S) if recent else self._probe_interval_s
+        self._next_probe = self._fallback_at + self._interval_s
         self.stats.transitions.append({"at_call": self._calls, "from": "switch", "to": "host", "cause": cause,
                                        "detect_s": round(detect_s, 4), "agree_s": round(agree_s, 4)})
         warnings.warn(f"homagg: the switch failed ({cause}); rank {self.rank} continues on the host path "
@@ -202,7 +214,7 @@ class PathPort(SwitchPort):
         answers and every rank re-registered (the decision is a collective: the same on every rank)."""
         self._calls += 1
         self._call_host = self.path == "host"
-        if self.path != "host":
+        if self.path != "host" or self._calls < self._sync_from:
             return
         want = torch.zeros(1, dtype=torch.int64)
         now = time.monotonic()
@@ -240,7 +252,7 @@ class PathPort(SwitchPort):
             return
         assert link is not None
         self.link, self.path, self._dirty = link, "switch", False
-        self._interval_s = self._probe_interval_s
+        self._returned_at = time.monotonic()
         readmit_s = time.monotonic() - t0
         self.stats.transitions.append({"at_call": self._calls, "from": "host", "to": "switch",
                                        "cause": f"switch answers again (job {link.job_id})",

@@ -27,7 +27,7 @@ cmd                request fields                              response fields
 ``slot``           ``job_id``, ``slot`` (absolute)             ``banks``: [{bank, bitmap, count,
                                                                complete, missing, tag, offset}]
 ``faults``         ``drop``, ``duplicate``, ``reorder``,       ``faults``; refused unless the
-                   ``seed`` (emulator only)                    switch was started with faults on
+                   ``seed``, ``mute`` (emulator only)          switch was started with faults on
 ``reset_counters`` -                                           -
 =================  ==========================================  =================================
 
@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 from .._errors import AuthenticationError, ConfigError
@@ -188,8 +189,11 @@ class ControlClient:
         return self.request("slot", job_id=job_id, slot=slot)
 
     def set_faults(self, drop: float = 0.0, duplicate: float = 0.0, reorder: float = 0.0,
-                   seed: int | None = None) -> dict[str, Any]:
-        return self.request("faults", drop=drop, duplicate=duplicate, reorder=reorder, seed=seed)["faults"]
+                   seed: int | None = None, mute: Sequence[int] = ()) -> dict[str, Any]:
+        """Set the emulator's fault injection (:class:`switch_emulator.FaultConfig`): rates per
+        datagram, and ``mute``: worker ids that get no result at all."""
+        return self.request("faults", drop=drop, duplicate=duplicate, reorder=reorder, seed=seed,
+                            mute=list(mute))["faults"]
 
     def reset_counters(self) -> None:
         self.request("reset_counters")

@@ -1,0 +1,156 @@
+"""A switch failure does not end the run: the group falls back to the host path and comes back.
+
+Real parts only: rank processes of a ``homagg`` process group, the embedded emulator or a
+standalone one (``python -m switch_emulator``) SIGKILLed and started again.  Oracles: the exact
+integer-valued sums, the same results on every rank bit for bit, and an undisturbed DDP run (the
+host path runs the same codec with gloo combining the words, so a disturbed run is bit-identical).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests._dist_scripts._launch import REPO, free_port, launch, process_alive, tensor_from_json
+
+pytestmark = pytest.mark.slow
+
+
+def _oracle(n: int, world: int, call: int) -> torch.Tensor:
+    base = (torch.arange(n, dtype=torch.float64) % 1000)
+    return (sum(base * (r + 1) + call for r in range(world))).to(torch.float32)
+
+
+@pytest.mark.parametrize("following", ["allreduce", "broadcast"])
+def test_result_reached_some_ranks_then_the_switch_died(following: str) -> None:
+    """Ranks 0 and 1 get a call's result, rank 2 does not (muted at the emulator); then the emulator
+    is killed.  Rank 2 gets the result the others hold; nothing is summed twice."""
+    n = 100_000
+    results, _ = launch("fallback_partial.py", 3, timeout=120,
+                        env={"NEXT": following, "N": str(n), "HOMAGG_EMULATOR_FAULTS": "1", "HOMAGG_TIMEOUT": "10"})
+    muted = [tensor_from_json(r["muted"]) for r in results]
+    for r, res in enumerate(results):
+        assert torch.equal(muted[r], _oracle(n, 3, 1)), f"rank {r}: wrong result of the muted call"
+        expected = _oracle(n, 3, 2) if following == "allreduce" else (torch.arange(n) % 1000) * 2.0 + 2
+        assert torch.equal(tensor_from_json(res["following"]), expected), f"rank {r}: wrong {following}"
+        assert res["path"] == "host"
+        assert [(t["from"], t["to"]) for t in res["transitions"]] == [("switch", "host")], res["transitions"]
+        assert len(res["warnings"]) == 1 and "host path" in res["warnings"][0]
+    # ranks 0 and 1 finished the muted call on the switch, rank 2 only after the crash
+    assert [r["path_after_muted"] for r in results] == ["switch", "switch", "host"]
+    assert results[2]["seconds"] > results[0]["seconds"]
+    if following == "allreduce":  # the warm-up call on the switch, then the muted one, then the next
+        assert results[0]["paths"] == {"switch": 2, "host": 1}
+        assert results[2]["paths"] == {"switch": 1, "host": 2}
+    else:
+        assert "lost the switch" in results[0]["transitions"][0]["cause"]
+
+
+def test_ranks_a_round_apart_inside_one_call() -> None:
+    """Rank 2 misses the results of a call's first round, ranks 0 and 1 wait in its second round:
+    the switch is alive but stalled, so each rank falls back at its progress timeout; ranks 0 and 1
+    hand rank 2 the first round's words and redo their second round on the host path."""
+    n = 300_000
+    results, _ = launch("fallback_partial.py", 3, timeout=120,
+                        env={"NEXT": "allreduce", "N": str(n), "HOMAGG_EMULATOR_FAULTS": "1", "HOMAGG_TIMEOUT": "3"})
+    for r, res in enumerate(results):
+        assert torch.equal(tensor_from_json(res["muted"]), _oracle(n, 3, 1)), f"rank {r}"
+        assert torch.equal(tensor_from_json(res["following"]), _oracle(n, 3, 2)), f"rank {r}"
+        assert res["path_after_muted"] == "host"
+        assert res["paths"] == {"switch": 1, "host": 2}
+        assert "no progress" in res["transitions"][0]["cause"]
+
+
+def _ddp(env: dict[str, str]) -> list[dict]:
+    results, _ = launch("fallback_ddp.py", 2, timeout=240, env={"HOMAGG_TIMEOUT": "10", **env})
+    return results
+
+
+@pytest.fixture(scope="module")
+def undisturbed() -> list[dict]:
+    return _ddp({"CRASH": "none", "STEP_S": "0"})
+
+
+def _check_disturbed(results: list[dict], undisturbed: list[dict]) -> None:
+    params = [tensor_from_json(r["params"]) for r in results]
+    assert torch.equal(params[0], params[1]), "ranks ended with different parameters"
+    assert torch.equal(params[0], tensor_from_json(undisturbed[0]["params"])), "parameters differ from the undisturbed run"
+    for res, ref in zip(results, undisturbed, strict=True):
+        assert res["losses"] == ref["losses"]  # bit-identical: the host path runs the same codec
+        assert len(res["losses"]) >= 50
+        moves = [(t["from"], t["to"]) for t in res["transitions"] if t["from"] != t["to"]]
+        assert moves == [("switch", "host"), ("host", "switch")], res["transitions"]
+        assert res["stats_paths"]["host"] >= 1 and res["stats_paths"]["switch"] >= 1
+        assert res["paths"][0] == "switch" and "host" in res["paths"] and res["paths"][-1] == "switch"
+        assert len(res["warnings"]) == 2
+
+
+def test_ddp_survives_the_embedded_emulator_killed(undisturbed: list[dict]) -> None:
+    """The embedded emulator is SIGKILLed at step 15; the group goes on on the host path and starts
+    a new emulator at its next probe."""
+    _check_disturbed(_ddp({"CRASH": "embedded", "KILL_AT": "15", "HOMAGG_PROBE_INTERVAL": "0.5"}), undisturbed)
+
+
+def _start_emulator(port: int, secret: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "switch_emulator", "--listen", f"127.0.0.1:{port}", "--control",
+           f"127.0.0.1:{port + 1}", "--log-level", "warning", "--ready-json"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO), "HOMAGG_SWITCH_SECRET": secret},
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=str(REPO))
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # the --ready-json line: bound and serving
+    assert line.startswith(b"{"), line
+    return proc
+
+
+def test_ddp_survives_an_external_emulator_killed_and_restarted(tmp_path: Path, undisturbed: list[dict]) -> None:
+    """A standalone emulator is SIGKILLed at step 15 and a new one started at the same address at
+    step 30 (what an operator restarting the switch does); the run finishes on the switch."""
+    port = free_port()
+    while port + 1 > 65535:
+        port = free_port()
+    secret = os.urandom(16).hex()
+    progress = tmp_path / "progress"
+    procs = [_start_emulator(port, secret)]
+    done = threading.Event()
+    log: list[str] = []
+
+    def operator() -> None:
+        killed = False
+        while not done.is_set():
+            step = int(progress.read_text() or 0) if progress.exists() else -1
+            if not killed and step >= 15:
+                procs[0].send_signal(signal.SIGKILL)
+                procs[0].wait(10)
+                killed = True
+                log.append(f"killed at step {step}")
+            if killed and step >= 30:
+                procs.append(_start_emulator(port, secret))
+                log.append(f"restarted at step {step}")
+                return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=operator, daemon=True)
+    thread.start()
+    try:
+        results = _ddp({"CRASH": "external", "HOMAGG_SWITCH": f"127.0.0.1:{port}", "HOMAGG_SWITCH_SECRET": secret,
+                        "PROGRESS": str(progress), "HOMAGG_PROBE_INTERVAL": "0.2"})
+    finally:
+        done.set()
+        thread.join(10)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+    assert len(log) == 2, log
+    _check_disturbed(results, undisturbed)
+    assert not any(process_alive(p.pid) for p in procs)
+    print(json.dumps({"operator": log, "transitions": results[0]["transitions"]}))

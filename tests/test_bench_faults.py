@@ -45,5 +45,11 @@ def test_bench_faults_quick_records_well_formed_and_exact(tmp_path: Path) -> Non
     for r in rec["loss"]:
         assert r["exact"] is True and r["all_reduces"] == 3 and r["workers"] == 4
         assert 0 < r["median_s"] <= r["p90_s"] and r["retransmits_per_all_reduce"] >= 0
+    cr = rec["crash"]  # a DDP run whose emulator is SIGKILLed before step 8 and comes back
+    assert cr["transitions"] == [["switch", "host"], ["host", "switch"]]
+    assert cr["steps_per_path"]["host"] >= 1 and cr["steps_per_path"]["switch"] >= 8
+    assert sum(cr["steps_per_path"].values()) == cr["steps"] == 24
+    assert 0 < cr["detect_s"] < 10 and cr["agree_s"] >= 0 and cr["readmit_s"] > 0 and cr["host_s"] > 0
+    assert cr["params_match_across_ranks"] and cr["params_match_undisturbed"] and cr["losses_match_undisturbed"]
     heavy = rec["loss"][-1]
     assert heavy["switch_injected_drops"] > 0 and heavy["retransmits_per_all_reduce"] > 0

@@ -1,4 +1,6 @@
-"""Switch crash: the embedded emulator (its own process) is SIGKILLed in the middle of an all_reduce.
+"""Switch crash with ``HOMAGG_FALLBACK=error``: the embedded emulator (its own process) is SIGKILLed
+in the middle of an all_reduce.  (With the default, ``host``, the group continues on the host path:
+tests/test_switch_fallback.py.)
 
 Two rank processes of a ``homagg`` process group; rank 0 owns the embedded emulator.  Oracle: the
 process table and the exact sum.  Every rank must get a :class:`homagg.HomAggError` (typed, no
@@ -73,7 +75,8 @@ print("@result@" + json.dumps(out), flush=True)
 @pytest.mark.slow
 def test_emulator_killed_mid_all_reduce_typed_error_then_new_group_works() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "WORLD_SIZE": "2", "HOMAGG_TIMEOUT": str(TIMEOUT_S), "PYTHONUNBUFFERED": "1"}
+           "WORLD_SIZE": "2", "HOMAGG_TIMEOUT": str(TIMEOUT_S), "PYTHONUNBUFFERED": "1",
+           "HOMAGG_FALLBACK": "error"}
     procs = [subprocess.Popen([sys.executable, "-c", RANK], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
     outs = []

@@ -74,9 +74,10 @@ def test_destroy_after_ddp_leaves_no_threads(world: int) -> None:
 
 
 def test_switch_failure_surfaces_typed_from_backward() -> None:
+    """With ``fallback="error"`` (the default ``host`` continues: tests/test_switch_fallback.py)."""
     timeout = 3.0
-    results, outputs = launch("failure.py", 2, env={"HOMAGG_TIMEOUT": str(timeout), "HOMAGG_EMULATOR_FAULTS": "1"},
-                               timeout=120)
+    results, outputs = launch("failure.py", 2, env={"HOMAGG_TIMEOUT": str(timeout), "HOMAGG_EMULATOR_FAULTS": "1",
+                                                    "HOMAGG_FALLBACK": "error"}, timeout=120)
     for rank, (res, out) in enumerate(zip(results, outputs)):
         assert res.get("type") == "SwitchTimeoutError" and res["is_homagg"], (rank, res)
         assert res["step"] == 2

@@ -201,6 +201,8 @@ def _merge(backend: str, scheme: str | None, world: int, lines: list[dict[str, A
             "cpu_s_per_call": cpu, "cpu_user_s_per_call": cpu_user, "cpu_sys_s_per_call": cpu_sys,
             "switch_cpu_s_per_call": float(statistics.fmean(switch_cpu)) if switch_cpu else None,
             "faults_per_call": summed("faults"), "times_s": slowest, "repeats": calls,
+            # homagg: rank 0's group so far: calls per path (switch, host) and path changes
+            "paths": first.get("paths"), "path_transitions": first.get("path_transitions"),
             "load_avg": [round(v, 2) for v in first["load_avg"]], "machine": machine}
 
 

@@ -218,6 +218,9 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
         out.update(rounds=after[0] - before[0], bytes=after[1] - before[1], segments=after[3] - before[3],
                    **{k: None if after[2] is None or before[2] is None else after[2][k] - before[2][k]
                       for k in RETX_KEYS})
+    stats = getattr(pg, "stats", None)
+    if stats is not None:  # the group's calls per path so far (switch / host after a switch failure)
+        out.update(paths=dict(stats.paths), path_transitions=sum(1 for t in stats.transitions if t["from"] != t["to"]))
     if rank == 0:
         out.update(within_bound=ok, max_abs_err=max_err)
     return out

@@ -1,6 +1,6 @@
 """``homagg bench faults``: reliability figures (JSON), not timed tests.
 
-Three parts, each against a Python emulator in its own process (:func:`switch_emulator.spawn`):
+Four parts; the first three against a Python emulator in its own process (:func:`switch_emulator.spawn`):
 
 * ``soak``: W workers (processes) run continuous all_reduces of int32 tensors -- mixed sizes and
   schemes, every result compared with the exact integer sum -- for ``--duration`` seconds while
@@ -17,6 +17,8 @@ Three parts, each against a Python emulator in its own process (:func:`switch_em
 * ``loss``: for each rate in ``--loss-rates`` (drop at ingress and egress), ``--loss-iters``
   all_reduces of ``--loss-numel`` int32 words: median time per all_reduce (slowest worker) and
   retransmissions per all_reduce (summed over the workers), every result exact.
+* ``crash``: a DDP run whose switch is SIGKILLed mid-run and comes back (:mod:`._crash`): steps on
+  each path, the time lost to detection and return, final parameters on every rank.
 
 Every worker process runs :func:`homagg.bench._faults_rank.worker`.  ``--quick`` is the CI form
 (seconds, not minutes).  ``load_1min`` and the machine are recorded: on a shared machine the
@@ -38,6 +40,8 @@ import time
 from typing import Any
 
 from .._errors import ProtocolError
+from ._crash import configure_parser as _crash_parser
+from ._crash import crash
 from ._faults_rank import SIZES, worker
 
 __all__ = ["configure_parser", "run"]
@@ -45,7 +49,7 @@ __all__ = ["configure_parser", "run"]
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="the short CI form of every part")
-    p.add_argument("--parts", default="soak,fuzz,loss", help="comma-separated subset of soak,fuzz,loss")
+    p.add_argument("--parts", default="soak,fuzz,loss,crash", help="comma-separated subset of soak,fuzz,loss,crash")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--duration", type=float, default=600.0, help="soak seconds (default 10 min)")
     p.add_argument("--soak-loss", type=float, default=0.01, help="soak drop = duplicate = reorder rate")
@@ -60,6 +64,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=30.0, help="seconds without progress before a worker fails")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the record to this file")
+    _crash_parser(p)
 
 
 def _rss_mib(pid: int) -> float | None:
@@ -341,6 +346,8 @@ def run(args: argparse.Namespace) -> int:
         args.fuzz = min(args.fuzz, 3000)
         args.loss_iters = min(args.loss_iters, 3)
         args.loss_numel = min(args.loss_numel, 20_000)
+        args.crash_steps, args.crash_at = min(args.crash_steps, 24), min(args.crash_at, 8)
+        args.crash_width, args.crash_probe = min(args.crash_width, 256), min(args.crash_probe, 0.3)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     record: dict[str, Any] = {
         "bench": "faults", "quick": bool(args.quick), "load_1min_start": round(os.getloadavg()[0], 2),
@@ -352,6 +359,8 @@ def run(args: argparse.Namespace) -> int:
         record["fuzz"] = fuzz(args)
     if "loss" in parts:
         record["loss"] = loss(args)
+    if "crash" in parts:
+        record["crash"] = crash(args)
     record["load_1min_end"] = round(os.getloadavg()[0], 2)
     text = json.dumps(record, indent=2)
     print(text)
@@ -360,5 +369,6 @@ def run(args: argparse.Namespace) -> int:
             f.write(text + "\n")
     ok = (record.get("soak", {}).get("exact", True) and record.get("soak", {}).get("rss_within_bound", True)
           and record.get("fuzz", {}).get("exact", True) and record.get("fuzz", {}).get("switch_alive", True)
-          and all(r["exact"] for r in record.get("loss", [])))
+          and all(r["exact"] for r in record.get("loss", []))
+          and record.get("crash", {}).get("params_match_across_ranks", True))
     return 0 if ok else 1

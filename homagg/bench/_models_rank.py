@@ -169,6 +169,9 @@ def _comm_counters(pg: Any) -> dict[str, int]:
            "redone": stats.redone, "repaired": stats.repaired}
     out.update({f"scheme:{k}": v for k, v in stats.schemes.items()})
     out.update({f"bytes:{k}": v for k, v in stats.bytes_per_stream.items()})
+    # calls per path (switch / host after a switch failure) and the path changes
+    out.update({f"path:{k}": v for k, v in stats.paths.items()})
+    out["path_transitions"] = sum(1 for t in stats.transitions if t["from"] != t["to"])
     port = getattr(getattr(pg, "switch", None), "port", None)
     out.update({f"port:{k}": v for k, v in getattr(port, "stats", {}).items()
                 if k in ("packets", "retransmits", "fast_retransmits", "spurious_retransmits", "results", "ignored")})

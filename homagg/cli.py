@@ -32,7 +32,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "faults"), "homagg.bench._faults", "reliability figures: soak under loss, fuzzed datagrams, loss-rate sweep"),
     (("bench", "p4rate"), "homagg.bench._p4rate", "BMv2 packet rate on homagg.p4 (needs the BMv2 tools)"),
     (("torchsuite",), "homagg.torch._suite", "run PyTorch's distributed test suite against homagg and gloo; fail on regressions"),
-    (("p4", "build"), "homagg.p4._build", "compile p4/homagg.p4 with p4c-bm2-ss"),
+    (("p4", "build"), "homagg.p4._build", "compile p4/homagg.p4 with p4c-bm2-ss (--target tofino|tofino2: p4/tofino with bf-p4c)"),
     (("control",), "homagg.p4._control", "P4Runtime controller for a BMv2 switch"),
 )
 

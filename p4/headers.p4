@@ -1,4 +1,7 @@
-/* headers.p4: packet headers and per-packet metadata.
+/* headers.p4: packet headers, shared by the v1model program (p4/) and the Tofino program (p4/tofino/).
+ *
+ * Only header types and the headers_t struct live here (no architecture-specific types): the
+ * v1model's per-packet metadata is metadata.p4, the Tofino's p4/tofino/metadata.p4.
  *
  * The homagg header (v2: 20 bytes, big-endian, docs/wire-format.md):
  *
@@ -76,31 +79,6 @@ struct headers_t {
     udp_t      udp;
     homagg_t   homagg;
     word_t[32] words;        /* P4_WORDS */
-}
-
-/* Invariants: drop_reason == DROP_NONE while a packet is still being aggregated; cell and
- * other_cell are 2*slot+bank and 2*slot+(1-bank), valid only after slot_select; count is the
- * cell's contribution count as read before this packet (after it, in completion). */
-struct metadata_t {
-    bool    to_switch;       /* addressed to the aggregation service */
-    bit<32> drop_reason;     /* DROP_* */
-    bit<16> words_left;      /* parser loop counter */
-    bit<16> job_id;          /* admitted source's job and worker */
-    bit<8>  worker_id;
-    bit<16> slot_base;       /* the job's slot range [slot_base, slot_base + n_slots) */
-    bit<16> n_slots;
-    bit<8>  world_size;      /* contributions that complete a cell */
-    bit<16> words_per_packet;
-    bit<16> mcast_grp;       /* the job's result multicast group */
-    bit<9>  worker_port;     /* egress port towards the sending worker (unicast answers) */
-    bit<32> epoch;           /* the job's admission epoch (state.p4: cells of other epochs read as zero) */
-    bit<32> token;           /* the job's admission token, installed by the controller */
-    bit<32> cell;
-    bit<32> other_cell;
-    bit<8>  count;
-    bit<8>  verdict;         /* VERDICT_* */
-    bool    complete;        /* this packet completed the cell (FIRST/ADD), or it was (ANSWER) */
-    bool    unicast;         /* answer only the sender */
 }
 
 #endif

@@ -24,6 +24,7 @@
 
 #include "configuration.p4"
 #include "headers.p4"
+#include "metadata.p4"
 #include "parser.p4"
 #include "state.p4"
 #include "admission.p4"

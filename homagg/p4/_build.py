@@ -1,4 +1,5 @@
-"""``homagg p4 build``: compile ``p4/homagg.p4`` with ``p4c-bm2-ss`` into ``p4/build/``.
+"""``homagg p4 build``: compile ``p4/homagg.p4`` with ``p4c-bm2-ss`` into ``p4/build/``
+(``--target tofino|tofino2``: ``p4/tofino/`` with bf-p4c, :mod:`homagg.p4._tofino`).
 
 Outputs (the build folder is git-ignored): ``homagg.json`` (the BMv2 configuration) and
 ``homagg.p4info.txtpb`` (P4Info, protobuf text format), plus ``p4c.log`` with the compiler's
@@ -82,9 +83,22 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="build folder (default: p4/build)")
     parser.add_argument("--werror", action="store_true", help="treat compiler warnings as errors")
     parser.add_argument("--p4c", default=P4C, help="compiler executable (default: %(default)s)")
+    parser.add_argument("--target", choices=("bmv2", "tofino", "tofino2"), default="bmv2",
+                        help="bmv2: p4/homagg.p4 with p4c-bm2-ss; tofino/tofino2: p4/tofino/ with bf-p4c, "
+                             "then the compiler's resource summary (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "target", "bmv2") != "bmv2":
+        from . import _tofino
+
+        tb = _tofino.build(args.target, args.out, werror=args.werror)
+        for w in tb.warnings:
+            print(w)
+        print(f"built for {tb.target} in {tb.seconds:.1f} s: {tb.binary}\n  {tb.bfrt}")
+        for line in tb.resources.lines():
+            print("  " + line)
+        return 0
     res = build(args.out, werror=args.werror, p4c=args.p4c)
     for w in res.warnings:
         print(w)

@@ -1,0 +1,156 @@
+"""``homagg p4 build --target tofino|tofino2``: compile ``p4/tofino/`` with bf-p4c, report resources.
+
+The compiler's own outputs are the oracle: ``bfrt.json`` (tables, registers and their fields, what
+a BF Runtime controller programs) and ``pipe/logs/resources.json`` / ``phv.json`` (``-g``): stages
+and, per stage, stateful ALUs, SRAM and TCAM blocks; PHV containers.  :func:`summarize` reads them;
+nothing here estimates.
+
+Invariants: a successful :func:`build` returns paths written by this run; ``warnings`` lists
+every compiler warning, ``padding_warnings`` those of the compiler's own minimum-parse-depth
+padding ("Parser state min_parse_depth_accept_loop ..."), which ``werror`` tolerates (the
+program cannot avoid them: docs/p4-tofino.md); any other warning fails a ``werror`` build.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._errors import ConfigError
+from ._build import BuildError
+from .source import P4_DIR
+
+__all__ = ["TARGETS", "TofinoBuild", "Resources", "build", "summarize", "words_per_pass", "bf_p4c", "PADDING"]
+
+BF_P4C = "bf-p4c"
+#: target -> (bf-p4c --target, --arch, stages of the device)
+TARGETS: dict[str, tuple[str, str]] = {"tofino": ("tofino", "tna"), "tofino2": ("tofino2", "t2na")}
+#: the compiler's minimum-parse-depth padding warning, the one warning a build may print
+PADDING = re.compile(r"Parser state min_parse_depth_accept_loop will be unrolled")
+_WORD_POOL = re.compile(r"\.w(\d\d)\.pool$")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What the compiler placed (from its logs); ``stages_used`` of ``stages`` on the device."""
+
+    stages: int
+    stages_used: int
+    stateful_alus: int
+    stateful_alus_total: int
+    srams: int
+    map_rams: int
+    tcams: int
+    phv_containers: int
+    phv_bits: int
+    words_per_pass: int
+
+    def lines(self) -> list[str]:
+        return [f"stages: {self.stages_used} of {self.stages}",
+                f"stateful ALUs: {self.stateful_alus} of {self.stateful_alus_total}",
+                f"SRAM blocks: {self.srams}, map RAMs: {self.map_rams}, TCAM blocks: {self.tcams}",
+                f"PHV: {self.phv_containers} containers, {self.phv_bits} bits",
+                f"payload words per pass: {self.words_per_pass}"]
+
+
+@dataclass(frozen=True)
+class TofinoBuild:
+    target: str
+    out: Path
+    bfrt: Path
+    binary: Path
+    log: Path
+    warnings: tuple[str, ...]
+    padding_warnings: tuple[str, ...]
+    seconds: float
+    resources: Resources
+
+
+def bf_p4c() -> str:
+    """Path of bf-p4c; :class:`BuildError` when it is not on PATH."""
+    exe = shutil.which(BF_P4C)
+    if exe is None:
+        raise BuildError(f"{BF_P4C} not on PATH; see docs/p4-tofino.md (. /opt/bfp4c/env.sh)")
+    return exe
+
+
+def words_per_pass(bfrt: dict[str, Any]) -> int:
+    """Payload words the compiled program aggregates per pass: its ``wNN.pool`` registers.
+
+    Invariant checked: they are ``w00 .. w(K-1)`` with no gap."""
+    idx = sorted(int(m.group(1)) for t in bfrt["tables"] if (m := _WORD_POOL.search(t["name"])))
+    if idx != list(range(len(idx))):
+        raise ConfigError(f"bfrt.json: word registers {idx} are not w00 .. w{len(idx) - 1:02d}")
+    return len(idx)
+
+
+def summarize(out: Path) -> Resources:
+    """:class:`Resources` from a ``-g`` build folder (``bfrt.json``, ``pipe/logs``)."""
+    logs = out / "pipe" / "logs"
+    try:
+        res = json.loads((logs / "resources.json").read_text())["resources"]
+        phv = json.loads((logs / "phv.json").read_text())
+        bfrt = json.loads((out / "bfrt.json").read_text())
+    except (OSError, KeyError, ValueError) as exc:
+        raise BuildError(f"{out}: compiler outputs missing or unreadable ({exc})") from exc
+    stages = res["mau"]["mau_stages"]
+    used = [s for s in stages if any(s.get(k) for k in ("logical_tables",))
+            or s["meter_alus"].get("meters") or s["rams"].get("srams") or s["tcams"].get("tcams")]
+    alus = sum(1 for s in stages for m in s["meter_alus"].get("meters", [])
+               if any(u.get("used_for") == "stateful_ram" for u in m.get("usages", [])))
+    alus_total = sum(int(s["meter_alus"].get("nAlus", 4)) for s in stages) // max(len(stages), 1) * res["mau"]["nStages"]
+    srams = sum(1 for s in stages for r in s["rams"].get("srams", []) if r.get("usages"))
+    map_rams = sum(1 for s in stages for r in s.get("map_rams", {}).get("maprams", []) if r.get("usages"))
+    tcams = sum(1 for s in stages for r in s["tcams"].get("tcams", []) if r.get("usages"))
+    containers = phv.get("containers", [])
+    return Resources(stages=int(res["mau"]["nStages"]), stages_used=len(used), stateful_alus=alus,
+                     stateful_alus_total=alus_total, srams=srams, map_rams=map_rams, tcams=tcams,
+                     phv_containers=len(containers), phv_bits=sum(int(c["bit_width"]) for c in containers),
+                     words_per_pass=words_per_pass(bfrt))
+
+
+def build(target: str, out_dir: Path | None = None, *, werror: bool = False, words: int | None = None,
+          source: Path | None = None) -> TofinoBuild:
+    """Compile ``p4/tofino/homagg_tofino.p4`` for ``target`` with ``-g`` into ``out_dir``.
+
+    ``words`` overrides ``TOFINO_WORDS`` (-D); raises :class:`BuildError` on a failed compile, a
+    program beyond the device (the assembler refuses it), or with ``werror`` a warning other than
+    the parse-depth padding; :class:`~homagg.ConfigError` for an unknown target.
+    """
+    if target not in TARGETS:
+        raise ConfigError(f"unknown Tofino target {target!r}: one of {', '.join(TARGETS)}")
+    src = source or P4_DIR / "tofino" / "homagg_tofino.p4"
+    if not src.is_file():
+        raise ConfigError(f"{src} not found")
+    exe = bf_p4c()
+    out = (out_dir or P4_DIR / "build" / target).resolve()
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    tgt, arch = TARGETS[target]
+    cmd = [exe, "--target", tgt, "--arch", arch, "-g", "-o", str(out)]
+    if words is not None:
+        cmd.append(f"-DTOFINO_WORDS={int(words)}")
+    cmd.append(str(src))
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    seconds = time.monotonic() - t0
+    text = proc.stdout + proc.stderr
+    log = out / "bf-p4c.log"
+    log.write_text(" ".join(cmd) + "\n" + text)
+    binary = out / "pipe" / ("tofino.bin" if target == "tofino" else "tofino2.bin")
+    if proc.returncode != 0 or not binary.is_file():
+        errors = [line for line in text.splitlines() if "error" in line.lower()]
+        raise BuildError(f"bf-p4c --target {tgt} failed (exit {proc.returncode}):\n" + "\n".join(errors or [text.strip()]))
+    warnings = tuple(line for line in text.splitlines() if re.search(r"\bwarning\b", line, re.I))
+    padding = tuple(w for w in warnings if PADDING.search(w))
+    other = [w for w in warnings if not PADDING.search(w)]
+    if werror and other:
+        raise BuildError("compiler warnings:\n" + "\n".join(other))
+    return TofinoBuild(target, out, out / "bfrt.json", binary, log, warnings, padding, seconds, summarize(out))

@@ -1,6 +1,6 @@
 """Shared pytest set-up: markers that skip, with a reason, where their tool is missing.
 
-``HOMAGG_REQUIRE=bmv2,mininet`` (CI sets it where it installed the tools) turns such a skip into
+``HOMAGG_REQUIRE=bmv2,mininet,tofino`` (CI sets it where it installed the tools) turns such a skip into
 a failure for the markers named, so a tool that silently went missing cannot pass as a skip.
 """
 
@@ -20,6 +20,8 @@ def _skip_reason(marker: str) -> str | None:
     if marker == "bmv2":
         missing = [t for t in ("p4c-bm2-ss", "simple_switch_grpc") if shutil.which(t) is None]
         return f"BMv2 tools not on PATH: {', '.join(missing)}" if missing else None
+    if marker == "tofino":
+        return None if shutil.which("bf-p4c") else "bf-p4c not on PATH (Tofino compiler; docs/p4-tofino.md)"
     if marker == "mininet":
         if os.geteuid() != 0:
             return "Mininet needs root"
@@ -41,7 +43,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     cache: dict[str, str | None] = {}
     required = _required()
     for item in items:
-        for marker in ("gpu", "bmv2", "mininet"):
+        for marker in ("gpu", "bmv2", "mininet", "tofino"):
             if item.get_closest_marker(marker) is None:
                 continue
             if marker not in cache:
@@ -60,7 +62,7 @@ def _homagg_required_tool_missing(request: pytest.FixtureRequest) -> None:
     pytest.fail(f"HOMAGG_REQUIRE names this test's marker, but its tool is missing ({why})")
 
 
-_TOOL_MARKERS = ("bmv2", "mininet", "gpu")
+_TOOL_MARKERS = ("bmv2", "mininet", "gpu", "tofino")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

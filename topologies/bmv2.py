@@ -5,6 +5,8 @@ bound to its ``n``-th interface, gRPC on ``127.0.0.1:<grpc_port>``; the pipeline
 groups are then pushed by :class:`homagg.p4.Controller` (so the controller path is the one a user
 runs).  ``attach_star`` / ``attach_two_tier`` give a :class:`~topologies._deploy.Deployment`
 its ``bmv2_config`` (the ``bmv2`` section of the job file), ``start_bmv2`` and ``bmv2_status``.
+``kill_bmv2`` / ``restart_bmv2``: a crash (SIGKILL) and a restart with the pipeline and entries
+pushed again through the same controller path (:func:`configure_bmv2`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from ._addresses import SERVICE_IP, SERVICE_MAC
 from ._deploy import Deployment
 from ._mn import import_mininet
 
-__all__ = ["Bmv2Switch", "attach_star", "attach_two_tier", "SIMPLE_SWITCH", "PORT_OFFLOADS_OFF"]
+__all__ = ["Bmv2Switch", "attach_star", "attach_two_tier", "configure_bmv2", "kill_bmv2", "restart_bmv2",
+           "SIMPLE_SWITCH", "PORT_OFFLOADS_OFF"]
 
 SIMPLE_SWITCH = "simple_switch_grpc"
 
@@ -81,10 +84,68 @@ class Bmv2Switch(Switch):
         Switch.stop(self, deleteIntfs)
 
 
+def configure_bmv2(node: Bmv2Switch, cfg: Any, jobs: tuple[Any, ...] = (), built: Any = None,
+                   wait_s: float = 30.0) -> None:
+    """Wait until ``node``'s ``simple_switch_grpc`` answers on gRPC, then push the pipeline and
+    configure it (service address, L2 entries, flood group) and admit ``jobs`` -- the controller
+    path ``homagg control setup`` runs.  ``cfg``: its :class:`homagg.p4.SwitchConfig`; ``built``:
+    :func:`homagg.p4._build.build`'s result (built now if None)."""
+    from homagg.p4 import Controller, SwitchUnreachableError
+    from homagg.p4._build import build
+
+    res = built or build()
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            ctl = Controller(cfg.grpc, cfg.device_id, p4info=res.p4info, bmv2_json=res.json, timeout=2)
+            break
+        except SwitchUnreachableError:
+            if time.monotonic() > deadline or (node.proc is not None and node.proc.poll() is not None):
+                raise
+    with ctl:
+        ctl.push()
+        ctl.configure(cfg)
+        if cfg.service_ip:
+            for j in jobs:
+                ctl.add_job(cfg, j)
+
+
+def kill_bmv2(node: Bmv2Switch) -> int:
+    """SIGKILL ``node``'s ``simple_switch_grpc`` (a crash: no cleanup of its own); its pid."""
+    if node.proc is None or node.proc.poll() is not None:
+        raise RuntimeError(f"{node.name}: {SIMPLE_SWITCH} is not running")
+    pid = node.proc.pid
+    node.proc.kill()
+    node.proc.wait(timeout=10)
+    return pid
+
+
+def restart_bmv2(dep: Deployment, node: Bmv2Switch, log: Path, built: Any = None) -> float:
+    """Start ``node``'s ``simple_switch_grpc`` again (same ports, log to ``log``) and reload the
+    same compiled program as at first (:func:`configure_bmv2`, no jobs: a job is admitted by
+    whoever runs it); the seconds it took.  ``built``: the build pushed at first (default: what
+    ``p4/build/`` holds now; nothing is compiled)."""
+    from homagg.p4 import SwitchConfig
+    from homagg.p4._build import default_build_dir
+
+    t0 = time.monotonic()
+    if node.proc is not None and node.proc.poll() is None:
+        raise RuntimeError(f"{node.name}: {SIMPLE_SWITCH} is still running")
+    if built is None:
+        d = default_build_dir()
+        built = types.SimpleNamespace(json=d / "homagg.json", p4info=d / "homagg.p4info.txtpb")
+    switches = dep.bmv2_config["bmv2"]["switches"]  # type: ignore[attr-defined]
+    cfg = next(SwitchConfig.from_dict(d) for d in switches if d["name"] == node.name)
+    node.log_path = log
+    node.start([])
+    configure_bmv2(node, cfg, built=built)
+    return time.monotonic() - t0
+
+
 def _start_bmv2(dep: Deployment, out: Path, job_file: Path) -> None:
     from homagg.jobs import load_jobs
+    from homagg.p4 import SwitchConfig
     from homagg.p4._build import build
-    from homagg.p4 import Controller, SwitchConfig, SwitchUnreachableError
 
     res = build()
     for host in (s.host for s in dep.workers):
@@ -93,24 +154,10 @@ def _start_bmv2(dep: Deployment, out: Path, job_file: Path) -> None:
     for sw in dep.switch_nodes:
         sw.log_path = out / "logs" / f"{sw.name}.log"
         sw.start([])
-    jobs = load_jobs(job_file)
+    jobs = tuple(load_jobs(job_file))
     configs = {d["name"]: SwitchConfig.from_dict(d) for d in dep.bmv2_config["bmv2"]["switches"]}  # type: ignore[attr-defined]
     for sw in dep.switch_nodes:
-        cfg = configs[sw.name]
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                ctl = Controller(cfg.grpc, cfg.device_id, p4info=res.p4info, bmv2_json=res.json, timeout=2)
-                break
-            except SwitchUnreachableError:
-                if time.monotonic() > deadline or (sw.proc is not None and sw.proc.poll() is not None):
-                    raise
-        with ctl:
-            ctl.push()
-            ctl.configure(cfg)
-            if cfg.service_ip:
-                for j in jobs:
-                    ctl.add_job(cfg, j)
+        configure_bmv2(sw, configs[sw.name], jobs, res)
 
 
 def _bmv2_status(dep: Deployment) -> dict[str, Any]:

@@ -63,7 +63,7 @@ from ._link import SwitchLink
 
 __all__ = ["PathPort", "FALLBACK_POLICIES"]
 
-_OK, _FAILED = 0, 1
+_OK, _FAILED, _ABORTED = 0, 1, 2  # a rank's state in the agreement
 _MAX_PROBE_INTERVAL_S = 30.0
 _FLAP_WINDOW_S = 60.0  # a fallback this soon after a return doubles the probe interval
 
@@ -121,6 +121,11 @@ class PathPort(SwitchPort):
     def _fall_back(self, streams: Sequence[Stream], exc: TransportError, detect_s: float) -> list[torch.Tensor]:
         t0 = time.monotonic()
         table = self._agree(_FAILED)
+        aborted = [r for r, (state, _) in enumerate(table) if state == _ABORTED]
+        if aborted:  # the switch is fine: a rank left the call with its own error (e.g. NaN input)
+            exc.add_note(f"homagg: rank(s) {aborted} failed this call with an error of their own (see their logs); "
+                         "no fallback")
+            raise exc
         out = self._recover(table, streams)
         assert out is not None  # this rank failed: _recover completed its round
         self.rounds += 1
@@ -135,10 +140,27 @@ class PathPort(SwitchPort):
         t0 = time.monotonic()
         table = self._agree(_OK)
         self._dirty = False
+        aborted = [r for r, (state, _) in enumerate(table) if state == _ABORTED]
+        if aborted:
+            raise TransportError(f"homagg rank {self.rank}: rank(s) {aborted} failed the last call with an error of "
+                                 "their own (see their logs); the group is out of step")
         if any(state == _FAILED for state, _ in table):
             self._recover(table, None)
             failed = [r for r, (state, _) in enumerate(table) if state == _FAILED]
             self._to_host(f"ranks {failed} lost the switch", 0.0, time.monotonic() - t0)
+
+    def abort(self, exc: BaseException) -> None:
+        """This rank leaves the current call with an error a fallback cannot fix (non-finite input,
+        ranks out of step...).  Ranks still waiting for its words at the switch fall back at their
+        timeout and meet this agreement, which tells them to raise instead (their error names
+        this rank); errors of the agreement itself are dropped (``exc`` is what the caller raises)."""
+        if self.policy == "error" or self.path != "switch":
+            return
+        try:
+            self._agree(_ABORTED)
+        except HomAggError:
+            pass
+        self._dirty = False
 
     # ------------------------------------------------------------------ agreement
     def _agree(self, state: int) -> list[tuple[int, int]]:

@@ -50,11 +50,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from .._errors import InputError, TransportError
+from .._errors import HomAggError, InputError, TransportError
 from ..transport import transport_error
 from ._config import BackendConfig
 from ._creation import READY_KEY, arrive, creation_error, gloo_group
 from ._fallback import PathPort
+from ._ops import DELEGATED_OPS, as_options, delegated, reduce_op
 from ._switch_setup import SwitchLink, await_ranks, open_switch, probe_switch, reopen_switch
 from ._work import FifoWorker, HomaggWork, TaskResult
 
@@ -66,35 +67,6 @@ CODEC_INT_DTYPES = frozenset({torch.int32, torch.int64})
 _LIVE: weakref.WeakSet[ProcessGroupHomagg] = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
 _GLOO = ProcessGroup.BackendType.GLOO
-#: ops that run on the delegate gloo group, under the names torch's Python API and its C++
-#: trampoline use (a name the subclass does not define is called by the trampoline with the GIL held)
-DELEGATED_OPS = (
-    "allreduce_coalesced", "allgather_coalesced", "allgather_into_tensor_coalesced", "all_gather_single_coalesced",
-    "reduce", "gather", "scatter", "alltoall", "alltoall_base", "all_to_all_single", "send", "recv",
-    "recv_anysource", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single",
-    "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced",
-)
-
-
-def _reduce_op(opts: Any) -> Any:
-    """The ``RedOpType`` of ``opts`` (AllreduceOptions, ReduceOp, RedOpType or None for SUM).
-
-    ``ReduceOp`` objects compare equal to ``RedOpType`` values one way only, so normalise first.
-    """
-    op = opts.reduceOp if isinstance(opts, dist.AllreduceOptions) else opts
-    if op is None:
-        return dist.ReduceOp.SUM
-    return getattr(op, "op", op)
-
-
-def _as_options(opts: Any) -> dist.AllreduceOptions:
-    if isinstance(opts, dist.AllreduceOptions):
-        return opts
-    out = dist.AllreduceOptions()
-    out.reduceOp = dist.ReduceOp(_reduce_op(opts))
-    return out
-
-
 class ProcessGroupHomagg(ProcessGroup):
     """The ``homagg`` backend; created by ``init_process_group("homagg")`` / ``new_group``."""
 
@@ -210,14 +182,14 @@ class ProcessGroupHomagg(ProcessGroup):
     # ------------------------------------------------------------------ accelerated
     def allreduce(self, tensors: Sequence[torch.Tensor] | torch.Tensor, opts: Any = None) -> HomaggWork:
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-        op = _reduce_op(opts)
+        op = reduce_op(opts)
         if self._codec_takes(tensors, op):
             compress = self.compressor is not None and torch._C._current_graph_task_id() != -1
             return self._submit("allreduce", lambda: self._codec_allreduce(tensors, op, compress))
         if op == dist.ReduceOp.AVG:
             dtypes = sorted({str(t.dtype) for t in tensors})
             raise InputError(f"homagg: ReduceOp.AVG needs dense floating-point tensors, got {dtypes}")
-        gloo_opts = _as_options(opts)
+        gloo_opts = as_options(opts)
         return self._on_gloo("allreduce", lambda g: g.allreduce(tensors, gloo_opts), tensors)
 
     def _codec_takes(self, tensors: list[torch.Tensor], op: Any) -> bool:
@@ -238,15 +210,20 @@ class ProcessGroupHomagg(ProcessGroup):
         port = path if path is not None else self.switch.port
         if path is not None:
             path.at_call_boundary()
-        for t in tensors:
-            if compress and self.compressor is not None and self.compressor.takes(t):
-                self.compressor.allreduce(t, port, scheme=self.config.scheme, config=self._codec, stats=self.stats,
-                                          history=self.history)
-            else:
-                self._allreduce_fn(t, port, scheme=self.config.scheme, config=self._codec, inplace=True,
-                                   stats=self.stats, history=self.history)
-            if op == dist.ReduceOp.AVG:
-                t.div_(self.size())
+        try:
+            for t in tensors:
+                if compress and self.compressor is not None and self.compressor.takes(t):
+                    self.compressor.allreduce(t, port, scheme=self.config.scheme, config=self._codec,
+                                              stats=self.stats, history=self.history)
+                else:
+                    self._allreduce_fn(t, port, scheme=self.config.scheme, config=self._codec, inplace=True,
+                                       stats=self.stats, history=self.history)
+                if op == dist.ReduceOp.AVG:
+                    t.div_(self.size())
+        except HomAggError as exc:
+            if path is not None and not isinstance(exc, TransportError):
+                path.abort(exc)  # ranks waiting for this one's words must not fall back (see _fallback)
+            raise
         if path is not None:
             path.end_call()
         return tensors
@@ -408,17 +385,8 @@ class ProcessGroupHomagg(ProcessGroup):
         return f"ProcessGroupHomagg(rank={self.rank()}, size={self.size()}, switch={self.config.switch!r})"
 
 
-def _delegated(name: str) -> Any:
-    def op(self: ProcessGroupHomagg, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self._delegated_group(name), name)(*args, **kwargs)
-
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"``{name}`` on the delegate gloo group, in the caller's thread, GIL released."
-    return op
-
-
 for _name in DELEGATED_OPS:
-    setattr(ProcessGroupHomagg, _name, _delegated(_name))
+    setattr(ProcessGroupHomagg, _name, delegated(_name))
 
 
 def shutdown_all() -> None:

@@ -111,9 +111,13 @@ def _start_emulator(port: int, secret: str) -> subprocess.Popen[bytes]:
     return proc
 
 
-def test_ddp_survives_an_external_emulator_killed_and_restarted(tmp_path: Path, undisturbed: list[dict]) -> None:
+@pytest.mark.parametrize("restart_at", [30, 15])
+def test_ddp_survives_an_external_emulator_killed_and_restarted(tmp_path: Path, undisturbed: list[dict],
+                                                                 restart_at: int) -> None:
     """A standalone emulator is SIGKILLed at step 15 and a new one started at the same address at
-    step 30 (what an operator restarting the switch does); the run finishes on the switch."""
+    step 30 (what an operator restarting the switch does), or at once: then the switch answers
+    before any rank saw it dead, but has lost the job, which the ranks' liveness probe asks it
+    (found in seconds, not at the 30 s progress timeout).  The run finishes on the switch."""
     port = free_port()
     while port + 1 > 65535:
         port = free_port()
@@ -132,7 +136,7 @@ def test_ddp_survives_an_external_emulator_killed_and_restarted(tmp_path: Path, 
                 procs[0].wait(10)
                 killed = True
                 log.append(f"killed at step {step}")
-            if killed and step >= 30:
+            if killed and step >= restart_at:
                 procs.append(_start_emulator(port, secret))
                 log.append(f"restarted at step {step}")
                 return
@@ -142,7 +146,7 @@ def test_ddp_survives_an_external_emulator_killed_and_restarted(tmp_path: Path, 
     thread.start()
     try:
         results = _ddp({"CRASH": "external", "HOMAGG_SWITCH": f"127.0.0.1:{port}", "HOMAGG_SWITCH_SECRET": secret,
-                        "PROGRESS": str(progress), "HOMAGG_PROBE_INTERVAL": "0.2"})
+                        "PROGRESS": str(progress), "HOMAGG_PROBE_INTERVAL": "0.2", "HOMAGG_TIMEOUT": "30"})
     finally:
         done.set()
         thread.join(10)
@@ -152,5 +156,9 @@ def test_ddp_survives_an_external_emulator_killed_and_restarted(tmp_path: Path, 
             p.wait(10)
     assert len(log) == 2, log
     _check_disturbed(results, undisturbed)
+    fallback = results[0]["transitions"][0]
+    assert fallback["detect_s"] < 10, fallback  # the liveness probe, not the 30 s progress timeout
+    if restart_at == 15:
+        assert "no longer holds this job" in fallback["cause"], fallback
     assert not any(process_alive(p.pid) for p in procs)
     print(json.dumps({"operator": log, "transitions": results[0]["transitions"]}))

@@ -17,13 +17,22 @@ busy switch is answered by its kernel's listen queue).  Without a control addres
 data port's refusals once they keep coming for ``no_control_stall_s``.  A slow switch or a late
 peer never looks dead: both keep the control port open and send no ICMP.
 
-Invariant: ``gone`` returns a reason only on positive evidence (a refused or timed-out connect, or
-refusals on the data port); then the caller raises at once instead of at the timeout.
+A switch that was restarted (or reprogrammed) at the same address answers its control port but
+has lost the job's admission, and drops the job's datagrams without a word.  With ``job_known`` (a
+question the port asks over its authenticated control client), once the round has stalled for
+``job_stall_s`` (2 s) the probe also asks, at most every ``job_interval_s``, whether the switch
+still holds this job (its id *and* token: a new job that reuses the id is not ours); a definite
+"no" is positive evidence too.  "Cannot tell" (no job list, an error) never is.
+
+Invariant: ``gone`` returns a reason only on positive evidence (a refused or timed-out connect,
+refusals on the data port, or the switch saying it does not hold the job); then the caller raises
+at once instead of at the timeout.
 """
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 __all__ = ["Liveness"]
 
@@ -32,12 +41,17 @@ class Liveness:
     """Liveness probe of one port's switch (see the module docstring)."""
 
     def __init__(self, control: tuple[str, int] | None, *, interval_s: float = 0.25, connect_timeout_s: float = 0.5,
-                 min_stall_s: float = 0.5, no_control_stall_s: float = 1.0) -> None:
+                 min_stall_s: float = 0.5, no_control_stall_s: float = 1.0,
+                 job_known: Callable[[], bool | None] | None = None, job_stall_s: float = 2.0,
+                 job_interval_s: float = 1.0) -> None:
         self.control = control
         self.interval_s, self.connect_timeout_s = interval_s, connect_timeout_s
         self.min_stall_s, self.no_control_stall_s = min_stall_s, no_control_stall_s
+        self.job_known, self.job_stall_s, self.job_interval_s = job_known, job_stall_s, job_interval_s
         self._next = 0.0
+        self._next_job = 0.0
         self.probes = 0
+        self.job_probes = 0
 
     def gone(self, now: float, stalled_s: float, refused: int) -> str | None:
         """Why the switch is gone, or None (alive, or not probed yet)."""
@@ -57,7 +71,19 @@ class Liveness:
         except OSError as exc:  # timeout, unreachable host or network
             why = f"its control port {host}:{port} does not answer ({exc.__class__.__name__})"
         else:
-            return None
+            return self._job_gone(now, stalled_s)
         if refused:
             why += f", and its data port refused {refused} datagrams (ICMP port unreachable)"
         return why
+
+    def _job_gone(self, now: float, stalled_s: float) -> str | None:
+        """The control port answers: does the switch still hold the job?  (None: yes, or cannot tell.)"""
+        if self.job_known is None or stalled_s < self.job_stall_s or now < self._next_job:
+            return None
+        self._next_job = now + self.job_interval_s
+        self.job_probes += 1
+        if self.job_known() is False:
+            return ("its control port answers, but it no longer holds this job (restarted or reprogrammed: "
+                    "the job's admission is lost)")
+        return None
+

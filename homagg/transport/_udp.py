@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._errors import ConfigError
+from .._errors import ConfigError, HomAggError
 from ..jobs import JobSpec
 from ..wire import datagram_len
 from ._base import Stream, SwitchPort
@@ -146,8 +146,9 @@ class UdpSwitchPort(SwitchPort):
         self.timeout, self.max_rto = timeout, max_rto
         self.rtt = RtoEstimator(rto, min_rto, max_rto)
         self.window = CongestionWindow(job.n_slots, window)
-        self._liveness = Liveness(parse_addr(control) if control is not None else None)
         self._ctl = ControlClient(control, timeout=min(timeout, 10.0), secret=secret) if control is not None else None
+        self._liveness = Liveness(parse_addr(control) if control is not None else None,
+                                  job_known=self._job_known if self._ctl is not None else None)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.msock: socket.socket | None = None  # the result group's socket, when subscribed
         # the send buffer (32 MB) holds a whole window of datagrams: the window, not the buffer,
@@ -211,6 +212,18 @@ class UdpSwitchPort(SwitchPort):
             RoundLoop(self, rnd, fastpath.NativeDatapath(rnd, self.sock.fileno(), self._scratch), streams).run_native()
         else:
             RoundLoop(self, rnd, PyDatapath(rnd, lambda view: self._send(self.sock.send, view)), streams).run_python()
+
+    def _job_known(self) -> bool | None:
+        """Does the switch still hold this job (its id and token)?  None when it cannot tell (no job
+        list in its status, e.g. BMv2's control agent; an error)."""
+        assert self._ctl is not None
+        try:
+            jobs = self._ctl.request("status").get("jobs")
+        except HomAggError:
+            return None
+        if not isinstance(jobs, list) or not all(isinstance(j, dict) for j in jobs):
+            return None
+        return any(j.get("job_id") == self.job.job_id and j.get("token") == self.job.token for j in jobs)
 
     def _sync_rtt_stats(self) -> None:
         est = self.rtt

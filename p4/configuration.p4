@@ -40,6 +40,7 @@ const bit<8>  VERDICT_ANSWER    = 2;       /* already counted, use complete: uni
 const bit<8>  VERDICT_DUPLICATE = 3;       /* already counted, use not complete: drop */
 const bit<8>  VERDICT_STALE     = 4;       /* late copy of a completed use: drop */
 const bit<8>  VERDICT_CONFLICT  = 5;       /* new contribution whose key differs: drop */
+const bit<32> POISON_OFFSET     = 0xFFFFFFFF; /* a poisoned use's offset; never a packet's (bitmap.POISON) */
 
 /* ---- drop reasons: index of the drop_reasons counter; names as the emulator's drop_<reason> ---- */
 const bit<32> DROP_NONE               = 0;

@@ -1,10 +1,11 @@
 /* state.p4: the switch's registers, one cell per (slot, bank) (switch_emulator/state.py).
  *
  * cell = 2 * slot + bank (slot absolute in the pool).  For each cell:
- *   worker_bitmap[cell]  workers counted in the current use of the cell (bit worker_id)
- *   contributions[cell]  contributions so far: 0 (never used since the job was admitted)
- *                        .. world_size (complete; stays so until the next use's first write)
- *   use_key[cell]        key of the current use: offset(32) ++ tag(16) ++ op(8) ++ word_count(8)
+ *   worker_bitmap[cell]  workers marked in the current use of the cell (bit worker_id)
+ *   contributions[cell]  workers marked: 0 (never used since the job was admitted)
+ *                        .. world_size (done; stays so until the next use's first write)
+ *   use_key[cell]        the current use: offset(32) ++ tag(16) ++ op(8) ++ word_count(8); offset
+ *                        POISON_OFFSET when poisoned (worker_bitmap.p4)
  *   pool_wNN[cell]       payload word NN of the combined result (NN = 00 .. 31)
  *   cell_epoch[cell]     the admission epoch of the job that wrote the cell's first contribution
  *

@@ -33,6 +33,8 @@
 #define HDR 20
 #define VERSION 2
 #define FLAG_RESULT 0x01
+#define FLAG_RETRANSMIT 0x02
+#define POISON ((int32_t)-1) /* bitmap.POISON: the offset of a poisoned use */
 #define BATCH 64
 #define MAX_WORKERS 32
 #define MAX_COPIES (BATCH * (MAX_WORKERS + 1))
@@ -254,16 +256,32 @@ static void process(const uint8_t *b, int64_t n, uint32_t sip, uint32_t sport, c
     int i = 2 * rel + (int)bank;
     int32_t tag = (int32_t)get16(b + 10), off = (int32_t)get32(b + 12);
     int32_t *key = j->key + 5 * i;
-    int same = key[0] && key[1] == tag && key[2] == off && key[3] == (int32_t)op && key[4] == (int32_t)wc;
+    /* bitmap.check and bitmap.update: same use = (tag, op, wc); ok = same offset, not POISON */
+    int same = key[0] && key[1] == tag && key[3] == (int32_t)op && key[4] == (int32_t)wc;
+    int ok = same && key[2] == off && off != POISON;
     uint32_t w = (uint32_t)s->worker_id, bit = 1u << w, bm = j->bitmap[i];
     int32_t cnt = j->count[i];
-    int complete = cnt == j->world, verdict;
-    if (bm & bit)
-        verdict = complete && same ? ANSWER : DUPLICATE;
-    else if (cnt == 0 || complete)
-        verdict = (bm || same) ? STALE : FIRST;
+    int done = cnt == 0 || cnt == j->world, seen = (bm & bit) != 0, verdict;
+    if (!same)
+        verdict = done ? FIRST : seen ? DUPLICATE : CONFLICT;
+    else if (seen)
+        verdict = cnt == j->world && ok ? ((flags & FLAG_RETRANSMIT) ? ANSWER : STALE) : DUPLICATE;
     else
-        verdict = same ? ADD : CONFLICT;
+        verdict = ok ? ADD : CONFLICT;
+    if (!same) {
+        if (done) {
+            j->bitmap[i] = bit;
+            j->count[i] = 1;
+            key[0] = 1; key[1] = tag; key[2] = off; key[3] = (int32_t)op; key[4] = (int32_t)wc;
+        }
+    } else {
+        if (!seen) {
+            j->bitmap[i] = bm | bit;
+            j->count[i] = cnt + 1;
+        }
+        if (!done && key[2] != off)
+            key[2] = POISON;   /* the same use with another offset: it never completes nor answers */
+    }
     if (verdict > ADD) {
         if (verdict == ANSWER) {
             c[C_ANSWERED]++;
@@ -281,11 +299,6 @@ static void process(const uint8_t *b, int64_t n, uint32_t sip, uint32_t sport, c
         return;
     }
     int first = verdict == FIRST;
-    j->bitmap[i] = first ? bit : bm | bit;   /* bitmap.mark: this bank counts w ... */
-    j->bitmap[i ^ 1] &= ~bit;                /* ... and w has the other bank's previous result */
-    if (first) {
-        key[0] = 1; key[1] = tag; key[2] = off; key[3] = (int32_t)op; key[4] = (int32_t)wc;
-    }
     c[C_ACCEPTED]++;
     int32_t *r = j->regs + (int64_t)i * j->k;
     const uint8_t *p = b + HDR;
@@ -297,9 +310,7 @@ static void process(const uint8_t *b, int64_t n, uint32_t sip, uint32_t sport, c
         hg_words_or(r, p, wc);
     else
         hg_words_max(r, p, wc);
-    int32_t now_cnt = first ? 1 : cnt + 1;
-    j->count[i] = now_cnt;
-    if (now_cnt != j->world)
+    if (j->count[i] != j->world)   /* completion.complete */
         return;
     j->completed++;
     c[C_COMPLETED]++;

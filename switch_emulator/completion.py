@@ -1,18 +1,17 @@
-"""Stage 5, completion counter (P4: ``Completion``).
+"""Stage 5, completion (P4: ``Completion``).
 
-``count[i]`` is 1 after a first write and grows by one per accepted contribution; the use is
-complete when it reaches the job's ``world_size`` (the result is then replicated).
+``count[i]`` is the number of workers marked in the current use (:func:`switch_emulator.bitmap.update`
+keeps it); a FIRST or ADD packet completes the (slot, bank) when it leaves no worker of the job
+unmarked (the result is then replicated).  A poisoned use never gets there with a FIRST or ADD.
 """
 
 from __future__ import annotations
 
 from .state import JobState
 
-__all__ = ["count"]
+__all__ = ["complete"]
 
 
-def count(job: JobState, i: int, first: bool) -> bool:
-    """Count one contribution; True when it completes the (slot, bank)."""
-    c = 1 if first else job.count[i] + 1
-    job.count[i] = c
-    return c == job.spec.world_size
+def complete(job: JobState, i: int) -> bool:
+    """True when every worker of the job is marked in the (slot, bank)'s current use."""
+    return job.count[i] == job.spec.world_size

@@ -95,7 +95,7 @@ class KeyView:
 
     def __getitem__(self, i: int) -> tuple[int, int, int, int] | None:
         row = self.arr[i]
-        return None if not row[0] else (int(row[1]), int(row[2]), int(row[3]), int(row[4]))
+        return None if not row[0] else (int(row[1]), int(row[2]) & 0xFFFFFFFF, int(row[3]), int(row[4]))
 
     def __len__(self) -> int:
         return len(self.arr)
@@ -109,7 +109,7 @@ def _to_native(job: JobState) -> None:
     keys = np.zeros((n, 5), dtype=np.int32)
     for i, k in enumerate(job.key):
         if k is not None:
-            keys[i] = (1, *k)
+            keys[i] = (1, k[0], k[1] - (1 << 32) if k[1] >= 1 << 31 else k[1], k[2], k[3])  # offset as int32
     job.bitmap = np.array(job.bitmap, dtype=np.uint32)  # type: ignore[assignment]
     job.count = np.array(job.count, dtype=np.int32)  # type: ignore[assignment]
     job.key = KeyView(keys)  # type: ignore[assignment]

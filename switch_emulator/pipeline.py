@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from homagg.wire import FLAG_RESULT, HEADER_LEN, OPS, VERSION, datagram_len, payload_view, unpack_header
+from homagg.wire import FLAG_RESULT, FLAG_RETRANSMIT, HEADER_LEN, OPS, VERSION, datagram_len, payload_view, unpack_header
 
 from . import bitmap, completion, slots
 from .admission import AdmissionTable
@@ -70,9 +70,10 @@ class Pipeline:
         if i < 0:
             c.drop("slot_range")
             return
-        # worker bitmap
+        # worker bitmap: the verdict, then the state change (a function of the state and the packet)
         key = (tag, offset, op, wc)
-        verdict = bitmap.check(job, i, worker_id, key)
+        verdict = bitmap.check(job, i, worker_id, key, bool(flags & FLAG_RETRANSMIT))
+        bitmap.update(job, i, worker_id, key)
         if verdict > bitmap.ADD:
             if verdict == bitmap.ANSWER:
                 c["retransmit_answered"] += 1
@@ -86,14 +87,11 @@ class Pipeline:
                 c.drop("conflict")
             return
         first = verdict == bitmap.FIRST
-        bitmap.mark(job, i, worker_id, first)
-        if first:
-            job.key[i] = key
         c["accepted"] += 1
         # combine
         combine(job.regs[i, :wc], payload_view(buf, wc), op, first)
         # completion + replication
-        if completion.count(job, i, first):
+        if completion.complete(job, i):
             job.completed += 1
             c["completed"] += 1
             before = self.replicator.sent

@@ -3,9 +3,10 @@
 Index ``i = 2 * (slot - slot_base) + bank`` addresses one (slot, bank) pair.  For each ``i``:
 
 * ``regs[i, :K]``  int32 slot registers (the combined payload),
-* ``bitmap[i]``    workers counted in the current use of this bank (bit ``worker_id``),
-* ``count[i]``     contributions so far, ``0`` (never used) .. ``world_size`` (complete),
-* ``key[i]``       ``(tag, offset, op, word_count)`` of the current use (None before the first).
+* ``bitmap[i]``    workers marked in the current use of this bank (bit ``worker_id``),
+* ``count[i]``     workers marked, ``0`` (never used) .. ``world_size`` (done),
+* ``key[i]``       ``(tag, offset, op, word_count)`` of the current use (None before the first;
+  offset :data:`switch_emulator.bitmap.POISON` once poisoned, see :mod:`switch_emulator.bitmap`).
 
 Result multicast (UDP backend on loopback): ``group`` is the job's IP multicast group (None until
 a worker asks for it), ``subscribed`` the bitmap of workers that joined it; those receive each
@@ -13,7 +14,7 @@ result through one send to the group, the others by unicast.
 
 A complete (slot, bank) keeps its result until a worker starts the *next* use of that bank, which
 by the self-clocking protocol happens only after every worker has received the result (SwitchML's
-shadow copy).
+shadow copy: the slot's other bank holds the next use meanwhile).
 """
 
 from __future__ import annotations

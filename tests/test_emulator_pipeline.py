@@ -96,13 +96,13 @@ def test_bank_flip_and_stale_copy() -> None:
     h = Harness(world=2)
     h.send(0, [1], bank=0, tag=1)
     h.send(1, [1], bank=0, tag=1)  # bank 0 complete: [2]
-    h.send(0, [5], bank=1, tag=2)  # worker 0 moved on: its bit in bank 0 is cleared
-    # a late copy of worker 0's bank-0 packet: bank 0 complete and worker 1 still has its bit -> stale
+    h.send(0, [5], bank=1, tag=2)  # worker 0 moved on (bank 0 is left as it is)
+    # a late copy of worker 0's bank-0 packet (no FLAG_RETRANSMIT): the use is complete -> stale
     assert h.send(0, [1], bank=0, tag=1) == []
     assert h.drops("stale") == 1
     out = h.send(1, [6], bank=1, tag=2)
     assert [w for _, w, _ in out] == [[11], [11]]
-    # both moved on; another late copy with the completed key is still stale, not a new use
+    # another late copy with the completed key is still stale, not a new use
     assert h.send(1, [1], bank=0, tag=1) == []
     assert h.drops("stale") == 2
     # the real next use of bank 0 (new tag) starts fresh
@@ -111,6 +111,49 @@ def test_bank_flip_and_stale_copy() -> None:
     assert [w for _, w, _ in out] == [[300], [300]]
     st = h.job.slot_status(10)
     assert st["banks"][0]["complete"] and st["banks"][0]["missing"] == []
+
+
+def test_late_copies_change_no_other_bank() -> None:
+    """A packet into one bank never touches the other bank's use: a retransmission there is still
+    a duplicate, and the other bank's result is the exact sum (no contribution twice)."""
+    h = Harness(world=3)
+    for w in range(3):
+        h.send(w, [1], bank=0, tag=1)  # bank 0 complete: [3]
+    h.send(0, [10], bank=1, tag=2)  # worker 0 moves on to bank 1
+    assert h.send(0, [1], bank=0, tag=1) == []  # its late bank-0 copy: stale
+    assert h.send(0, [1], bank=0, tag=9) == []  # another key on the complete bank 0: a new use (FIRST)
+    assert h.send(0, [10], bank=1, tag=2, flags=wire.FLAG_RETRANSMIT) == []  # bank 1: still a duplicate
+    assert h.drops("duplicate") == 1
+    h.send(1, [20], bank=1, tag=2)
+    out = h.send(2, [30], bank=1, tag=2)
+    assert [w for _, w, _ in out] == [[60]] * 3
+
+
+def test_answer_needs_the_retransmit_flag() -> None:
+    h = Harness(world=2)
+    h.send(0, [4])
+    assert len(h.send(1, [5])) == 2
+    assert h.send(1, [5]) == []  # a copy without the flag: stale
+    assert h.drops("stale") == 1
+    assert [(w, a) for _, w, a in h.send(1, [5], flags=wire.FLAG_RETRANSMIT)] == [([9], A[1])]
+
+
+def test_offset_mismatch_poisons_the_use() -> None:
+    """The use's (tag, op, word_count) with another offset marks the sender and poisons the use:
+    no packet completes it nor gets its result; the bank's next use starts as usual."""
+    h = Harness(world=3)
+    h.send(0, [1], tag=4, offset=0)
+    assert h.send(1, [2], tag=4, offset=8) == []  # conflict: worker 1 marked, use poisoned
+    assert h.drops("conflict") == 1
+    assert h.send(1, [2], tag=4, offset=0, flags=wire.FLAG_RETRANSMIT) == []  # marked: duplicate
+    assert h.send(2, [3], tag=4, offset=0) == []  # would complete it: conflict, no result
+    assert h.drops("conflict") == 2 and h.drops("duplicate") == 1
+    assert h.send(0, [1], tag=4, offset=0, flags=wire.FLAG_RETRANSMIT) == []  # no answer
+    assert h.sw.counters["completed"] == 0
+    for w in range(2):
+        h.send(w, [w + 1], tag=6, offset=16)  # every worker marked: the next use starts
+    out = h.send(2, [3], tag=6, offset=16)
+    assert [w for _, w, _ in out] == [[6]] * 3 and out[0][0].offset == 16
 
 
 def test_conflicting_contribution_dropped() -> None:

@@ -99,6 +99,17 @@ def worker_sequence(seed: int = 5, js: list[JobSpec] | None = None) -> list[tupl
     out.append((w0.addr, wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 0, 4, bank, slot, g, 0, token=TOK), [1, 2, 3, 4])))
     w1 = j1.workers[1]
     out.append((w1.addr, wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 1, 4, bank, slot, g + 1, 0, token=TOK), [5, 6, 7, 8])))  # conflict
+    # the use's (tag, op, word_count) with another offset: marks worker 1 and poisons the use (conflict);
+    # worker 2's ok packet then completes nothing (conflict), worker 0's retransmission gets no answer
+    # (duplicate), and the bank's next use starts as usual
+    w2 = j1.workers[2]
+    out.append((w1.addr, wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 1, 4, bank, slot, g, 4, token=TOK), [5, 6, 7, 8])))
+    out.append((w2.addr, wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 2, 4, bank, slot, g, 0, token=TOK), [9, 9, 9, 9])))
+    out.append((w0.addr, wire.pack_packet(wire.Header(wire.VERSION, 0, wire.FLAG_RETRANSMIT, 1, 0, 4, bank, slot, g, 0,
+                                                      token=TOK), [1, 2, 3, 4])))
+    for w in (w2, w0, w1):
+        out.append((w.addr, wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, w.worker_id, 2, bank, slot, g + 2 * j1.n_slots,
+                                                         64, token=TOK), [w.worker_id, 1])))
     out.append((SWITCH_SRC, wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 0, 4, 0, 0, 0, 0, token=TOK), [1, 1, 1, 1])))  # unknown src
     out.append((w1.addr, wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 0, 4, 0, 0, 0, 0, token=TOK), [1, 1, 1, 1])))  # mismatch
     out.append((w1.addr, wire.pack_packet(wire.Header(wire.VERSION, 0, 0, 1, 1, 4, 0, 5, 0, 0, token=TOK), [1, 1, 1, 1])))  # slot range
@@ -135,7 +146,7 @@ def emulator_outputs(seq: list[tuple[tuple[str, int], bytes]],
 def test_sequence_exercises_every_verdict() -> None:
     """Runs everywhere: the sequence really contains what the differential test claims."""
     out, counters = emulator_outputs(worker_sequence())
-    assert counters.get("completed", 0) == 12
+    assert counters.get("completed", 0) == 13  # 12 rounds' uses and the use after the poisoned one
     assert counters.get("retransmit_answered", 0) >= 12
     for reason in ("duplicate", "conflict", "unknown_source", "admission_mismatch", "slot_range", "result_flag",
                    "version", "short", "op", "length", "word_count", "token"):

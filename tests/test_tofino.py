@@ -21,7 +21,7 @@ from homagg.p4 import _tofino, bfrt
 pytestmark = pytest.mark.tofino
 
 #: words per pass documented in docs/p4-tofino.md and p4/tofino/tofino_config.p4
-WORDS = {"tofino": 24, "tofino2": 32}
+WORDS = {"tofino": 28, "tofino2": 32}
 STAGES = {"tofino": 12, "tofino2": 20}
 
 
@@ -45,8 +45,8 @@ def test_fits_the_device(built: _tofino.TofinoBuild, record_property) -> None:
     assert built.binary.is_file() and built.binary.stat().st_size > 0
     assert r.stages == STAGES[built.target]
     assert 0 < r.stages_used <= r.stages
-    # one stateful ALU per word, plus the bitmap, the two key halves and the counter
-    assert r.stateful_alus == r.words_per_pass + 4
+    # one stateful ALU per word, plus the mark (missing set and key) and the offset check
+    assert r.stateful_alus == r.words_per_pass + 2
     assert r.words_per_pass == WORDS[built.target]
     record_property("homagg_report", f"{built.target}: " + "; ".join(r.lines()) + f"; {built.seconds:.0f} s")
 
@@ -62,7 +62,7 @@ def test_control_plane_matches_bfrt_json(built: _tofino.TofinoBuild) -> None:
     writes = bfrt.switch_entries(sw) + bfrt.job_entries(sw, _job(words), words=words)
     n = bfrt.check_entries(doc, writes)
     tables = {w.table for w in writes if not w.table.startswith("$pre.")}
-    assert n > 32 * 4 and len(tables) == 12
+    assert n > 32 * 4 and len(tables) == 10
     with pytest.raises(ConfigError, match="words_per_packet"):
         bfrt.job_entries(sw, _job(words + 1), words=words)
 

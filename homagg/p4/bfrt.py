@@ -36,9 +36,8 @@ __all__ = ["BfrtWrite", "job_entries", "switch_entries", "check_entries", "load_
 
 _IG = "pipe.HomaggIngress."
 _EG = "pipe.HomaggEgress."
-#: registers of a cell (2 per slot) and of a slot, cleared when a job is admitted
-CELL_REGISTERS = ("use_key.key_offset", "use_key.key_rest", "completion.contributions")
-SLOT_REGISTERS = ("bitmap_check.worker_bitmap",)
+#: register pairs of a cell (2 per slot) and their fields, cleared when a job is admitted
+CELL_REGISTERS = {"bitmap_check.use_state": ("missing", "key"), "use_key.use_offset": ("offset", "key")}
 
 
 @dataclass(frozen=True)
@@ -106,12 +105,10 @@ def job_entries(sw: SwitchConfig, job: JobSpec, *, words: int) -> list[BfrtWrite
         raise ConfigError(f"switch {sw.name} has no service address: it cannot aggregate")
     out: list[BfrtWrite] = []
     for slot in job.slots:
-        for reg in SLOT_REGISTERS:
-            out.append(BfrtWrite(_IG + reg, {"$REGISTER_INDEX": slot}, None,
-                                 {f"HomaggIngress.{reg}.bank0": 0, f"HomaggIngress.{reg}.bank1": 0}))
         for cell in (2 * slot, 2 * slot + 1):
-            for reg in CELL_REGISTERS:
-                out.append(BfrtWrite(_IG + reg, {"$REGISTER_INDEX": cell}, None, {f"HomaggIngress.{reg}.f1": 0}))
+            for reg, fields in CELL_REGISTERS.items():
+                out.append(BfrtWrite(_IG + reg, {"$REGISTER_INDEX": cell}, None,
+                                     {f"HomaggIngress.{reg}.{f}": 0 for f in fields}))
     group = Controller.mcast_group(job.job_id)
     replicas = []
     for w in sorted(job.workers, key=lambda w: w.worker_id):
@@ -120,7 +117,9 @@ def job_entries(sw: SwitchConfig, job: JobSpec, *, words: int) -> list[BfrtWrite
         out.append(BfrtWrite(_IG + "admission.admission", src, "HomaggIngress.admission.admit",
                              {"world_size": job.world_size, "mcast_grp": group, "worker_port": h.port}))
         ids = {**src, "hdr.homagg.job_id": job.job_id, "hdr.homagg.worker_id": w.worker_id}
-        out.append(BfrtWrite(_IG + "admission.admitted_job", ids, "HomaggIngress.admission.job_consistent"))
+        others = ((1 << job.world_size) - 1) & ~(1 << w.worker_id)  # the job's workers but this one
+        out.append(BfrtWrite(_IG + "admission.admitted_job", ids, "HomaggIngress.admission.job_consistent",
+                             {"others": others}))
         out.append(BfrtWrite(_IG + "admission.admitted_token", {**ids, "hdr.homagg.token": job.token},
                              "HomaggIngress.admission.token_consistent"))
         out.append(BfrtWrite(_EG + "rewrite.result_rewrite",

@@ -5,14 +5,16 @@
  *   local_address  ipv4 destination is a service address -> meta.to_switch
  *   admission      (src ip, src port) -> the job's parameters (drop_unknown_source on a miss)
  *   admitted_job   (src ip, src port, job_id, worker_id) hit: the header's job and worker are the
- *                  source's (else drop_admission_mismatch)
+ *                  source's (else drop_admission_mismatch); gives others, the job's workers but
+ *                  this one (worker_bitmap.p4 marks with it)
  *   admitted_token (src ip, src port, job_id, worker_id, token) hit: and so is the token (else drop_token)
  *   word_limit     (job_id, word_count range 1 .. words_per_packet) hit (else drop_word_count)
  *   slot_range     (job_id, slot range slot_base .. slot_base + n_slots - 1) hit (else drop_slot_range)
  *   lengths        const: (word_count, udp length, ipv4 total length) consistent (else drop_length)
  *   worker_bit     const: worker_id -> 1 << worker_id (Tofino's ALUs shift by constants only)
  * worker_bitmap.p4's table turns these hits and the header fields into the drop reason, in the
- * v1model program's order, and marks the bitmap for the packets that pass.
+ * v1model program's order, and marks the cell for the packets that pass.  offset_max: the offset
+ * 0xFFFFFFFF, which use_key.p4 uses for a poisoned use and the verdict never accepts.
  * No epoch (v1model: cells of an earlier admission read as zero): the BF Runtime controller clears
  * a job's cells when it admits it (homagg/p4/bfrt.py).
  */
@@ -22,6 +24,12 @@
 #define LENGTH_ENTRY(N) (N, 8 + HEADER_LEN + 4 * N, 20 + 8 + HEADER_LEN + 4 * N) : lengths_consistent();
 
 control Admission(inout tofino_headers_t hdr, inout ig_meta_t meta) {
+    /* the use key and the cell index each written whole by an identity hash (moves of several
+     * header fields into one container take a stage each: measured), in different tables (one
+     * table's action has 32 bits of hash immediate) */
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) use_key_of;
+    Hash<bit<16>>(HashAlgorithm_t.IDENTITY) cell_of;
+
     DirectCounter<bit<64>>(CounterType_t.PACKETS_AND_BYTES) source_packets;
 
     action service_address() { meta.to_switch = true; }
@@ -56,7 +64,10 @@ control Admission(inout tofino_headers_t hdr, inout ig_meta_t meta) {
         size = ADMISSION_ENTRIES;
     }
 
-    action job_consistent() { meta.job_ok = 1; }
+    action job_consistent(bit<32> others) {
+        meta.job_ok = 1;
+        meta.others = others;
+    }
 
     table admitted_job {
         key = {
@@ -97,7 +108,10 @@ control Admission(inout tofino_headers_t hdr, inout ig_meta_t meta) {
         size = JOB_ENTRIES;
     }
 
-    action slot_in_range() { meta.in_range = 1; }
+    action slot_in_range() {
+        meta.in_range = 1;
+        meta.cell = cell_of.get({hdr.homagg.slot, hdr.homagg.bank});   /* 2 * slot + bank */
+    }
 
     table slot_range {
         key = {
@@ -164,9 +178,10 @@ control Admission(inout tofino_headers_t hdr, inout ig_meta_t meta) {
         slot_range.apply();
         lengths.apply();
         worker_bit.apply();
-        meta.cell = hdr.homagg.slot ++ hdr.homagg.bank;
-        meta.slot_index = 1w0 ++ hdr.homagg.slot;
-        meta.key_rest = hdr.homagg.tag ++ (bit<8>) hdr.homagg.op ++ hdr.homagg.word_count[7:0];
+        if (hdr.homagg.offset == POISON_OFFSET) {
+            meta.offset_max = 1;
+        }
+        meta.key_rest = use_key_of.get({hdr.homagg.tag, (bit<8>) hdr.homagg.op, hdr.homagg.word_count[7:0]});
     }
 }
 

@@ -16,8 +16,7 @@
 #ifndef HOMAGG_TOFINO_COMBINE_P4
 #define HOMAGG_TOFINO_COMBINE_P4
 
-control Word(inout bit<32> word, in bit<4> op, in bit<3> path, in bit<8> count, in bit<1> first,
-             in bit<16> cell) {
+control Word(inout bit<32> word, in bit<4> op, in bit<3> path, in bit<1> first, in bit<16> cell) {
     Register<bit<32>, bit<16>>(POOL_CELLS) pool;
 
     RegisterAction<bit<32>, bit<16>, bit<32>>(pool) first_or_add = {
@@ -62,31 +61,26 @@ control Word(inout bit<32> word, in bit<4> op, in bit<3> path, in bit<8> count, 
     action do_max()  { word = first_or_max.execute(cell); }
     action do_read() { word = read.execute(cell); }
 
-    /* keyed on the counter's access (counter.p4) so that no stage is spent on the verdict:
-     * PATH_FIRST combines with first = 1 (a write), PATH_ADD combines unless the count came back
-     * 0 (the use was complete: STALE), PATH_SEEN reads (sent only for ANSWER) */
+    /* keyed on the verdict's path (counter.p4): PATH_FIRST combines with first = 1 (a write),
+     * PATH_ADD combines, PATH_READ reads (ANSWER), PATH_NONE leaves the cell alone */
     table combine {
         key = {
             path  : exact;
-            count : ternary;
             op    : exact;
         }
         actions = { do_add; do_or; do_max; do_read; NoAction; }
         const default_action = NoAction();
         size = 16;
         const entries = {
-            (PATH_FIRST, _, OP_ADD) : do_add();
-            (PATH_FIRST, _, OP_OR)  : do_or();
-            (PATH_FIRST, _, OP_MAX) : do_max();
-            (PATH_ADD, 0, OP_ADD)   : NoAction();
-            (PATH_ADD, 0, OP_OR)    : NoAction();
-            (PATH_ADD, 0, OP_MAX)   : NoAction();
-            (PATH_ADD, _, OP_ADD)   : do_add();
-            (PATH_ADD, _, OP_OR)    : do_or();
-            (PATH_ADD, _, OP_MAX)   : do_max();
-            (PATH_SEEN, _, OP_ADD)  : do_read();
-            (PATH_SEEN, _, OP_OR)   : do_read();
-            (PATH_SEEN, _, OP_MAX)  : do_read();
+            (PATH_FIRST, OP_ADD) : do_add();
+            (PATH_FIRST, OP_OR)  : do_or();
+            (PATH_FIRST, OP_MAX) : do_max();
+            (PATH_ADD, OP_ADD)   : do_add();
+            (PATH_ADD, OP_OR)    : do_or();
+            (PATH_ADD, OP_MAX)   : do_max();
+            (PATH_READ, OP_ADD)  : do_read();
+            (PATH_READ, OP_OR)   : do_read();
+            (PATH_READ, OP_MAX)  : do_read();
         }
     }
 

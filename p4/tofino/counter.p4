@@ -1,104 +1,67 @@
-/* counter.p4: contributions per cell, and the packet's verdict.
+/* counter.p4: the packet's verdict, from what worker_bitmap.p4 and use_key.p4 returned.
  *
- * One 8-bit register per cell (v1model: ../counter.p4), three RegisterActions chosen by what the
- * bitmap and the key said (worker_bitmap.p4, use_key.p4):
- *   bitmap was empty, key differs  -> FIRST:  count := 1
- *   worker not yet counted, key equal, count < world_size -> ADD: count += 1 (returns the new count)
- *   anything else                  -> read the count (ANSWER needs "complete")
+ * (v1model: ../worker_bitmap.p4 and ../counter.p4; emulator: switch_emulator/bitmap.py, the same
+ * verdicts.)  No register of its own: a use is complete when no worker of the job is missing.
+ *   done   = missing == 0 before the packet (complete, or never used)
+ *   same   = the cell's key was the packet's (tag, op, word_count)      (use_key.p4's predicate)
+ *   ok     = same, the offset equal and not 0xFFFFFFFF (not poisoned)
+ *   unseen = the sender was still missing (missing & mine != 0)
  * Verdicts (switch_emulator/bitmap.py names):
- *   seen:                       ANSWER if the key is equal and count == world_size, else DUPLICATE
- *   bitmap empty:               STALE if the key is equal (a late copy of the completed use), else FIRST
- *   otherwise, key equal:       ADD, or STALE when the use is already complete
- *   otherwise, key differs:     STALE when the use is complete, else CONFLICT
- * meta.complete: FIRST/ADD that brought the count to world_size, or ANSWER.
+ *   done, not same:                FIRST (complete when the job has one worker: others == 0)
+ *   done, ok:                      ANSWER for a retransmission (FLAG_RETRANSMIT), else STALE
+ *   done, same, not ok:            DUPLICATE
+ *   open, ok, unseen:              ADD (complete when no other worker is left: left == 0)
+ *   open, seen:                    DUPLICATE
+ *   open, unseen, otherwise:       CONFLICT (the sender is marked: a poisoned use never completes)
+ * meta.path tells the words (combine.p4) what to do: write, combine, read, or nothing.
  */
 #ifndef HOMAGG_TOFINO_COUNTER_P4
 #define HOMAGG_TOFINO_COUNTER_P4
 
 control Completion(inout tofino_headers_t hdr, inout ig_meta_t meta) {
-    Register<bit<8>, bit<16>>(POOL_CELLS) contributions;
+    action first()     { meta.path = PATH_FIRST; meta.first = 1; meta.verdict = VERDICT_FIRST; }
+    action add()       { meta.path = PATH_ADD;   meta.verdict = VERDICT_ADD; }
+    action answer()    { meta.path = PATH_READ;  meta.verdict = VERDICT_ANSWER; }
+    action stale()     { meta.path = PATH_NONE;  meta.verdict = VERDICT_STALE; }
+    action duplicate() { meta.path = PATH_NONE;  meta.verdict = VERDICT_DUPLICATE; }
+    action conflict()  { meta.path = PATH_NONE;  meta.verdict = VERDICT_CONFLICT; }
 
-    RegisterAction<bit<8>, bit<16>, bit<8>>(contributions) count_first = {
-        void apply(inout bit<8> value, out bit<8> count) {
-            value = 1;
-            count = 1;
-        }
-    };
-
-    /* returns the new count, or 0 when the use was complete already (nothing changes) */
-    RegisterAction<bit<8>, bit<16>, bit<8>>(contributions) count_add = {
-        void apply(inout bit<8> value, out bit<8> count) {
-            if (value < meta.world_size) {
-                value = value + 1;
-                count = value;
-            } else {
-                count = 0;
-            }
-        }
-    };
-
-    RegisterAction<bit<8>, bit<16>, bit<8>>(contributions) count_read = {
-        void apply(inout bit<8> value, out bit<8> count) {
-            count = value;
-        }
-    };
-
-    /* which access, by (seen, bitmap before, key equal); the path tells the verdict below */
-    action first()      { meta.count = count_first.execute(meta.cell); meta.path = PATH_FIRST; meta.first = 1; }
-    action add()        { meta.count = count_add.execute(meta.cell);   meta.path = PATH_ADD; }
-    action read_seen()  { meta.count = count_read.execute(meta.cell);  meta.path = PATH_SEEN; }
-    action read_other() { meta.count = count_read.execute(meta.cell);  meta.path = PATH_OTHER; }
-    action late_copy()  { meta.path = PATH_LATE; meta.count = 0; }
-
-    table contribution {
+    table verdict {
         key = {
-            meta.seen       : ternary;
-            meta.old_bitmap : ternary;
-            meta.offset_match : ternary;
-            meta.rest_match   : ternary;
+            meta.missing    : ternary;
+            meta.use_pred   : ternary;
+            meta.unseen     : ternary;
+            meta.offset_max : ternary;
+            hdr.homagg.flags : ternary;
         }
-        actions = { first; add; read_seen; read_other; late_copy; @defaultonly NoAction; }
-        const default_action = NoAction();   /* never taken: the entries cover every key */
-        size = 8;   /* first matching row wins */
+        actions = { first; add; answer; stale; duplicate; conflict; }
+        const default_action = conflict();
+        size = 16;   /* first matching row wins */
         const entries = {
-            (0, 0, 1, 1) : late_copy();    /* bank empty, the completed use's key: STALE */
-            (0, 0, _, _) : first();        /* bank empty, new key: FIRST */
-            (0, _, 1, 1) : add();          /* not counted, same key: ADD (or STALE if complete) */
-            (0, _, _, _) : read_other();   /* not counted, other key: CONFLICT (or STALE if complete) */
-            (_, _, 1, 1) : read_seen();    /* counted already: ANSWER if complete, else DUPLICATE */
-            (_, _, _, _) : read_seen();    /* counted already: DUPLICATE */
+            (0, PRED_OTHER, _, _, _)               : first();
+            (0, PRED_OTHER_SAME_OFFSET, _, _, _)   : first();
+            (0, PRED_SAME, _, 0, FLAG_RETRANSMIT &&& FLAG_RETRANSMIT) : answer();
+            (0, PRED_SAME, _, 0, _)                : stale();
+            (0, PRED_SAME_OTHER_OFFSET, _, _, _)   : duplicate();
+            (0, _, _, _, _)                        : duplicate();   /* PRED_SAME with offset 0xFFFFFFFF */
+            (_, _, 0, _, _)                        : duplicate();
+            (_, PRED_SAME, _, 0, _)                : add();
+            (_, _, _, _, _)                        : conflict();
         }
     }
 
     apply {
-        contribution.apply();
+        verdict.apply();
         if (meta.path == PATH_FIRST) {
-            meta.verdict = VERDICT_FIRST;
-            if (meta.world_size == 1) {
+            if (meta.others == 0) {
                 meta.complete = true;
             }
-        } else if (meta.path == PATH_LATE) {
-            meta.verdict = VERDICT_STALE;
         } else if (meta.path == PATH_ADD) {
-            if (meta.count == 0) {
-                meta.verdict = VERDICT_STALE;
-            } else {
-                meta.verdict = VERDICT_ADD;
-                if (meta.count == meta.world_size) {
-                    meta.complete = true;
-                }
+            if (meta.left == 0) {
+                meta.complete = true;
             }
-        } else if (meta.path == PATH_OTHER) {
-            if (meta.count == meta.world_size) {
-                meta.verdict = VERDICT_STALE;
-            } else {
-                meta.verdict = VERDICT_CONFLICT;
-            }
-        } else if (meta.offset_match == 1 && meta.rest_match == 1 && meta.count == meta.world_size) {
-            meta.verdict = VERDICT_ANSWER;
+        } else if (meta.path == PATH_READ) {
             meta.complete = true;
-        } else {
-            meta.verdict = VERDICT_DUPLICATE;
         }
     }
 }

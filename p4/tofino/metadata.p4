@@ -6,7 +6,7 @@
  *  +---------------+-------------+-+-----------------------------+
  *
  * Invariants: drop_reason == DROP_NONE while a packet is still being aggregated; mine has exactly
- * the bit worker_id set once admission ran; cell = 2 * slot + bank and slot_index = slot, valid
+ * the bit worker_id set once admission ran, others the job's other workers; cell = 2 * slot + bank, valid
  * when drop_reason == DROP_NONE after admission.
  */
 #ifndef HOMAGG_TOFINO_METADATA_P4
@@ -28,6 +28,11 @@ struct tofino_headers_t {
     word_t[32] words;        /* P4_WORDS; TOFINO_WORDS of them are parsed */
 }
 
+/* the stateful ALUs' two 32-bit packet inputs (worker_bitmap.p4, use_key.p4) must each sit in one
+ * 32-bit container, or the input crossbar cannot feed both ("could not fit within the input
+ * crossbar by itself": measured) */
+@pa_container_size("ingress", "meta.key_rest", 32)
+@pa_container_size("ingress", "meta.others", 32)
 struct ig_meta_t {
     bool     to_switch;      /* addressed to the aggregation service */
     bit<8>   drop_reason;    /* DROP_* (fits the drop_reasons counter index) */
@@ -41,15 +46,15 @@ struct ig_meta_t {
     bit<1>   words_ok;
     bit<1>   in_range;
     bit<1>   length_ok;
+    bit<32>  others;         /* the job's workers but the sender (admitted_job entry) */
+    bit<1>   offset_max;     /* the packet's offset is 0xFFFFFFFF (never a use's: use_key.p4) */
     bit<16>  cell;           /* 2 * slot + bank */
-    bit<16>  slot_index;     /* slot */
-    bit<32>  old_bitmap;     /* the cell's worker bitmap before this packet */
-    bit<32>  seen;           /* old_bitmap & mine */
-    bit<32>  key_rest;       /* tag ++ op ++ word_count[7:0]: the key's second half (use_key.p4) */
-    bit<1>   offset_match;   /* use_key.p4: 1 when the stored offset equals the packet's */
-    bit<1>   rest_match;     /* ... and the stored (tag, op, word_count) */
-    bit<3>   path;           /* PATH_*: the counter's access */
-    bit<8>   count;          /* contributions after this packet (counter.p4) */
+    bit<32>  key_rest;       /* tag ++ op ++ word_count[7:0]: the use key without the offset */
+    bit<32>  missing;        /* worker_bitmap.p4: the cell's missing workers before this packet */
+    bit<32>  unseen;         /* missing & mine: nonzero when the sender was not yet marked */
+    bit<32>  left;           /* missing & others: 0 when the sender was the last one missing */
+    bit<4>   use_pred;       /* use_key.p4: PRED_* (key and offset equal before the packet) */
+    bit<3>   path;           /* PATH_*: what the words do (counter.p4) */
     bit<8>   verdict;        /* VERDICT_* */
     bit<1>   first;          /* 1 on PATH_FIRST: the word RegisterActions write, not combine */
     bool     complete;

@@ -100,69 +100,69 @@ control HomaggIngress(inout tofino_headers_t hdr, inout ig_meta_t meta,
             if (meta.drop_reason == (bit<8>) DROP_NONE) {
                 use_key.apply(hdr, meta);
                 completion.apply(hdr, meta);
-            w00.apply(hdr.words[0].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w01.apply(hdr.words[1].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w02.apply(hdr.words[2].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w03.apply(hdr.words[3].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w04.apply(hdr.words[4].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w05.apply(hdr.words[5].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w06.apply(hdr.words[6].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w07.apply(hdr.words[7].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w08.apply(hdr.words[8].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w09.apply(hdr.words[9].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w10.apply(hdr.words[10].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w11.apply(hdr.words[11].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w12.apply(hdr.words[12].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w13.apply(hdr.words[13].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w14.apply(hdr.words[14].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
-            w15.apply(hdr.words[15].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w00.apply(hdr.words[0].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w01.apply(hdr.words[1].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w02.apply(hdr.words[2].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w03.apply(hdr.words[3].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w04.apply(hdr.words[4].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w05.apply(hdr.words[5].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w06.apply(hdr.words[6].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w07.apply(hdr.words[7].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w08.apply(hdr.words[8].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w09.apply(hdr.words[9].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w10.apply(hdr.words[10].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w11.apply(hdr.words[11].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w12.apply(hdr.words[12].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w13.apply(hdr.words[13].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w14.apply(hdr.words[14].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
+            w15.apply(hdr.words[15].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #if TOFINO_WORDS > 16
-            w16.apply(hdr.words[16].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w16.apply(hdr.words[16].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 17
-            w17.apply(hdr.words[17].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w17.apply(hdr.words[17].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 18
-            w18.apply(hdr.words[18].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w18.apply(hdr.words[18].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 19
-            w19.apply(hdr.words[19].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w19.apply(hdr.words[19].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 20
-            w20.apply(hdr.words[20].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w20.apply(hdr.words[20].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 21
-            w21.apply(hdr.words[21].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w21.apply(hdr.words[21].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 22
-            w22.apply(hdr.words[22].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w22.apply(hdr.words[22].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 23
-            w23.apply(hdr.words[23].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w23.apply(hdr.words[23].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 24
-            w24.apply(hdr.words[24].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w24.apply(hdr.words[24].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 25
-            w25.apply(hdr.words[25].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w25.apply(hdr.words[25].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 26
-            w26.apply(hdr.words[26].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w26.apply(hdr.words[26].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 27
-            w27.apply(hdr.words[27].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w27.apply(hdr.words[27].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 28
-            w28.apply(hdr.words[28].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w28.apply(hdr.words[28].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 29
-            w29.apply(hdr.words[29].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w29.apply(hdr.words[29].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 30
-            w30.apply(hdr.words[30].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w30.apply(hdr.words[30].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
 #if TOFINO_WORDS > 31
-            w31.apply(hdr.words[31].value, hdr.homagg.op, meta.path, meta.count, meta.first, meta.cell);
+            w31.apply(hdr.words[31].value, hdr.homagg.op, meta.path, meta.first, meta.cell);
 #endif
             }
             replicate.apply(hdr, meta, ig_dprsr_md, ig_tm_md);

@@ -4,7 +4,7 @@
  * words_per_packet <= TOFINO_WORDS (homagg/p4/bfrt.py refuses more; the data plane drops more as
  * drop_word_count); the wire header and the parser allow up to P4_WORDS.  What bounds it: one
  * register per word, one stateful ALU per register, 4 stateful ALUs per stage, and the stages the
- * verdict chain (admission, bitmap, key, count) takes before the first word (docs/p4-tofino.md).
+ * verdict chain (admission, mark, offset check, verdict) takes before the first word (docs/p4-tofino.md).
  */
 #ifndef HOMAGG_TOFINO_CONFIG_P4
 #define HOMAGG_TOFINO_CONFIG_P4
@@ -13,7 +13,7 @@
 #if __TARGET_TOFINO__ == 2
 #define TOFINO_WORDS 32
 #else
-#define TOFINO_WORDS 24
+#define TOFINO_WORDS 28
 #endif
 #endif
 
@@ -21,12 +21,17 @@ const bit<16> TOFINO_K          = TOFINO_WORDS;  /* words per pass, as a P4 cons
 
 const bit<32> JOB_ENTRIES       = 1024;    /* jobs the word_limit and slot_range tables hold */
 
-/* Which register access the counter made (counter.p4: the verdict follows from it). */
-const bit<3>  PATH_FIRST        = 0;
-const bit<3>  PATH_ADD          = 1;
-const bit<3>  PATH_SEEN         = 2;
-const bit<3>  PATH_OTHER        = 3;
-const bit<3>  PATH_LATE         = 4;
+/* What the words do with the packet (counter.p4 sets it with the verdict; combine.p4 keys on it). */
+const bit<3>  PATH_NONE         = 0;       /* leave the cells alone (dropped packets) */
+const bit<3>  PATH_FIRST        = 1;       /* write the payload (FIRST) */
+const bit<3>  PATH_ADD          = 2;       /* combine the payload (ADD) */
+const bit<3>  PATH_READ         = 3;       /* read the result (ANSWER) */
+
+/* use_key.p4's predicate: 1 << (offset equal + 2 * key equal), before the packet. */
+const bit<4>  PRED_OTHER        = 1;       /* another key */
+const bit<4>  PRED_OTHER_SAME_OFFSET = 2;  /* another key, the same offset */
+const bit<4>  PRED_SAME_OTHER_OFFSET = 4;  /* the use's key, another offset */
+const bit<4>  PRED_SAME         = 8;       /* the use's key and offset */
 
 /* Bridged from ingress to egress (metadata.p4: bridge_h.kind). */
 const bit<8>  BRIDGE_FORWARD    = 0;       /* ordinary L2 forwarding */

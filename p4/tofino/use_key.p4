@@ -1,62 +1,73 @@
-/* use_key.p4: the key of a cell's current use: offset and (tag, op, word_count).
+/* use_key.p4: per cell, the current use's offset, beside a copy of its key.
  *
- * (v1model: one bit<64> register, ../state.p4.)  Two 32-bit registers per cell, key_offset and
- * key_rest (rest = tag(16) ++ op(8) ++ word_count(8)), each with two RegisterActions:
- *   store (the bank's bitmap was empty: this packet may start a new use): write the packet's half
- *         and return 1 if it equals what was there (a rewrite of an equal key changes nothing)
- *   match (any other packet): return 1 if the halves are equal
- * The keys are equal when both return 1 (counter.p4 matches on both bits).  One register pair
- * compared against 64 bits of packet key does not fit one stateful ALU's input crossbar (measured:
- * bf-p4c places no such table); two 32-bit registers in one stage do.  A cell cleared to zero by the
- * controller never matches (word_count >= 1): "never used".
+ * (v1model: the upper half of ../state.p4's use_key; emulator: the offset in JobState.key.)  The
+ * pair {offset, key} of cell = 2 * slot + bank; key mirrors worker_bitmap.p4's (it changes on the
+ * same packets: a FIRST), so this register can tell the verdict whether the packet's key was the
+ * use's, and check the offset.  Two RegisterActions, chosen by the missing set worker_bitmap.p4
+ * returned (a register's update may depend only on registers accessed before it):
+ *   at_done     (missing was 0: the use is complete, or the cell never used): if key differs,
+ *               store the packet's offset and key (the FIRST worker_bitmap.p4 made)
+ *   in_progress (missing was not 0): if key is equal and the offset differs, poison the use:
+ *               offset := 0xFFFFFFFF, which no packet's offset is taken to equal (admission.p4 sets
+ *               meta.offset_max for offset 0xFFFFFFFF and the verdict never accepts it)
+ * Both return the predicate of (offset equal, key equal) as they were before the packet: the
+ * 4-bit value 1 << (offset_equal + 2 * key_equal) (PRED_* in tofino_config.p4).
  */
 #ifndef HOMAGG_TOFINO_USE_KEY_P4
 #define HOMAGG_TOFINO_USE_KEY_P4
 
+struct use_offset_t {
+    bit<32> offset;          /* lo: the use's offset (0xFFFFFFFF: poisoned) */
+    bit<32> key;             /* hi: the use's key, as worker_bitmap.p4's */
+}
+
 control UseKey(inout tofino_headers_t hdr, inout ig_meta_t meta) {
-    Register<bit<32>, bit<16>>(POOL_CELLS) key_offset;
-    Register<bit<32>, bit<16>>(POOL_CELLS) key_rest;
+    Register<use_offset_t, bit<16>>(POOL_CELLS) use_offset;
 
-    RegisterAction<bit<32>, bit<16>, bit<1>>(key_offset) store_offset = {
-        void apply(inout bit<32> value, out bit<1> same) {
-            if (value == hdr.homagg.offset) { same = 1; } else { same = 0; }
-            value = hdr.homagg.offset;
+    RegisterAction<use_offset_t, bit<16>, bit<4>>(use_offset) at_done = {
+        void apply(inout use_offset_t value, out bit<4> pred) {
+            pred = this.predicate(value.offset == hdr.homagg.offset, value.key == meta.key_rest);
+            if (value.key != meta.key_rest) {
+                value.offset = hdr.homagg.offset;
+                value.key = meta.key_rest;
+            }
         }
     };
 
-    RegisterAction<bit<32>, bit<16>, bit<1>>(key_offset) match_offset = {
-        void apply(inout bit<32> value, out bit<1> same) {
-            if (value == hdr.homagg.offset) { same = 1; } else { same = 0; }
+    RegisterAction<use_offset_t, bit<16>, bit<4>>(use_offset) in_progress = {
+        void apply(inout use_offset_t value, out bit<4> pred) {
+            pred = this.predicate(value.offset == hdr.homagg.offset, value.key == meta.key_rest);
+            if (value.key == meta.key_rest && value.offset != hdr.homagg.offset) {
+                value.offset = POISON_OFFSET;
+            }
         }
     };
 
-    RegisterAction<bit<32>, bit<16>, bit<1>>(key_rest) store_rest = {
-        void apply(inout bit<32> value, out bit<1> same) {
-            if (value == meta.key_rest) { same = 1; } else { same = 0; }
-            value = meta.key_rest;
-        }
-    };
+    action done() {
+        meta.use_pred = at_done.execute(meta.cell);
+        meta.unseen = meta.missing & meta.mine;
+        meta.left = meta.missing & meta.others;
+    }
 
-    RegisterAction<bit<32>, bit<16>, bit<1>>(key_rest) match_rest = {
-        void apply(inout bit<32> value, out bit<1> same) {
-            if (value == meta.key_rest) { same = 1; } else { same = 0; }
-        }
-    };
+    action open() {
+        meta.use_pred = in_progress.execute(meta.cell);
+        meta.unseen = meta.missing & meta.mine;
+        meta.left = meta.missing & meta.others;
+    }
 
-    action store_o() { meta.offset_match = store_offset.execute(meta.cell); }
-    action store_r() { meta.rest_match = store_rest.execute(meta.cell); }
-    action match_o() { meta.offset_match = match_offset.execute(meta.cell); }
-    action match_r() { meta.rest_match = match_rest.execute(meta.cell); }
+    table offset_check {
+        key = { meta.missing : ternary; }
+        actions = { done; open; @defaultonly NoAction; }
+        const default_action = NoAction();   /* never taken: the entries cover every key */
+        size = 2;
+        const entries = {
+            0 : done();
+            _ : open();
+        }
+    }
 
     apply {
-        meta.seen = meta.old_bitmap & meta.mine;
-        if (meta.old_bitmap == 0) {
-            store_o();
-            store_r();
-        } else {
-            match_o();
-            match_r();
-        }
+        offset_check.apply();
     }
 }
 

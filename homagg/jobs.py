@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import secrets
 import tomllib
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from ._errors import ConfigError
 from .wire import MAX_SLOTS, MAX_WORDS_JUMBO, MAX_WORKERS, P4_WORDS
 
 __all__ = [
+    "free_slot_base",
     "TargetDefaults",
     "EMULATOR",
     "P4",
@@ -128,6 +130,20 @@ def format_addr(addr: tuple[str, int]) -> str:
     """``(host, port)`` -> ``"host:port"`` (``"[v6]:port"``); :func:`parse_addr` reads it back."""
     host, port = addr
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def free_slot_base(jobs: Iterable[JobSpec], n_slots: int, pool_slots: int) -> int:
+    """The first slot base where ``n_slots`` slots fit in a pool of ``pool_slots`` beside ``jobs``
+    (first fit over their ranges); :class:`~homagg.ConfigError` if none."""
+    taken = sorted((j.slot_base, j.slot_base + j.n_slots) for j in jobs)
+    base = 0
+    for lo, hi in taken:
+        if base + n_slots <= lo:
+            break
+        base = max(base, hi)
+    if base + n_slots > pool_slots:
+        raise ConfigError(f"no {n_slots} free slots left in the pool of {pool_slots}")
+    return base
 
 
 def new_token() -> int:

@@ -13,7 +13,7 @@ import threading
 import time
 
 from homagg._errors import ConfigError
-from homagg.jobs import SWITCH_POOL_SLOTS, JobSpec, WorkerAddr
+from homagg.jobs import SWITCH_POOL_SLOTS, JobSpec, WorkerAddr, free_slot_base
 
 from .state import JobState
 
@@ -89,15 +89,7 @@ class AdmissionTable:
 
     def free_range(self, n_slots: int) -> int:
         """First slot base where ``n_slots`` free slots fit (ConfigError if none)."""
-        taken = sorted((j.spec.slot_base, j.spec.slot_base + j.spec.n_slots) for j in self.jobs.values())
-        base = 0
-        for lo, hi in taken:
-            if base + n_slots <= lo:
-                break
-            base = max(base, hi)
-        if base + n_slots > self.pool_slots:
-            raise ConfigError(f"no {n_slots} free slots left in the pool of {self.pool_slots}")
-        return base
+        return free_slot_base((j.spec for j in self.jobs.values()), n_slots, self.pool_slots)
 
     def free_job_id(self) -> int:
         for j in range(1, 1 << 16):

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from collections.abc import Iterator
 from typing import Any, cast
 
-from homagg.jobs import JobSpec, WorkerAddr, new_token
+from homagg.jobs import JobSpec, WorkerAddr, free_slot_base, new_token
 
 __all__ = ["Bmv2ControlAgent"]
 
@@ -162,17 +162,6 @@ class Bmv2ControlAgent:
 
         return {"version": VERSION, "data": [self.cfg.service_ip, self.data_port], "backend": "bmv2"}
 
-    def _free_range(self, n: int) -> int:
-        taken = sorted((j.spec.slot_base, j.spec.slot_base + j.spec.n_slots) for j in self.jobs.values())
-        base = 0
-        for lo, hi in taken:
-            if base + n <= lo:
-                break
-            base = max(base, hi)
-        if base + n > self.pool:
-            raise ValueError(f"no {n} free slots left in the P4 pool of {self.pool}")
-        return base
-
     def _cmd_admit(self, req: dict[str, Any]) -> dict[str, Any]:
         d = dict(req["job"])
         if d.get("job_id") is None:
@@ -183,7 +172,7 @@ class Bmv2ControlAgent:
             d["token"] = new_token()
         if d.get("slot_base") is None:
             d["slot_base"] = 0
-            d["slot_base"] = self._free_range(int(d.get("n_slots") or 64))
+            d["slot_base"] = free_slot_base((j.spec for j in self.jobs.values()), int(d.get("n_slots") or 64), self.pool)
         d["workers"] = []  # they register their own addresses
         spec = JobSpec.from_dict(d)
         if spec.job_id in self.jobs:

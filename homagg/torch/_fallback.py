@@ -58,10 +58,9 @@ import torch.distributed as dist
 from .._errors import HomAggError, PathWarning, ProtocolError, TransportError
 from ..codec import WorkerStats
 from ..transport import GlooSwitchPort, Stream, SwitchPort, transport_error
-from ._config import FALLBACK_POLICIES
 from ._link import SwitchLink
 
-__all__ = ["PathPort", "FALLBACK_POLICIES"]
+__all__ = ["PathPort"]
 
 _OK, _FAILED, _ABORTED = 0, 1, 2  # a rank's state in the agreement
 _MAX_PROBE_INTERVAL_S = 30.0
@@ -121,7 +120,7 @@ class PathPort(SwitchPort):
     def _fall_back(self, streams: Sequence[Stream], exc: TransportError, detect_s: float) -> list[torch.Tensor]:
         t0 = time.monotonic()
         table = self._agree(_FAILED)
-        aborted = [r for r, (state, _) in enumerate(table) if state == _ABORTED]
+        aborted = _ranks_in(table, _ABORTED)
         if aborted:  # the switch is fine: a rank left the call with its own error (e.g. NaN input)
             exc.add_note(f"homagg: rank(s) {aborted} failed this call with an error of their own (see their logs); "
                          "no fallback")
@@ -140,13 +139,13 @@ class PathPort(SwitchPort):
         t0 = time.monotonic()
         table = self._agree(_OK)
         self._dirty = False
-        aborted = [r for r, (state, _) in enumerate(table) if state == _ABORTED]
+        aborted = _ranks_in(table, _ABORTED)
         if aborted:
             raise TransportError(f"homagg rank {self.rank}: rank(s) {aborted} failed the last call with an error of "
                                  "their own (see their logs); the group is out of step")
-        if any(state == _FAILED for state, _ in table):
+        failed = _ranks_in(table, _FAILED)
+        if failed:
             self._recover(table, None)
-            failed = [r for r, (state, _) in enumerate(table) if state == _FAILED]
             self._to_host(f"ranks {failed} lost the switch", 0.0, time.monotonic() - t0)
 
     def abort(self, exc: BaseException) -> None:
@@ -172,7 +171,7 @@ class PathPort(SwitchPort):
         at the same boundary."""
         rows = torch.zeros(self.world_size, 3, dtype=torch.int64)
         rows[self.rank, 0], rows[self.rank, 1], rows[self.rank, 2] = state, self.rounds, self._calls
-        self._gloo_call("agreement on the switch failure", lambda: self._gloo.allreduce([rows]))
+        self._allreduce(rows, dist.ReduceOp.SUM, "agreement on the switch failure")
         self._sync_from = int(rows[:, 2].max()) + 1
         return [(int(s), int(n)) for s, n, _ in rows.tolist()]
 
@@ -206,6 +205,11 @@ class PathPort(SwitchPort):
         if not behind:  # a rank one round further redoes its own round (if any) on the host path
             return self._host.combine(streams) if streams is not None else None
         return out
+
+    def _allreduce(self, t: torch.Tensor, op: Any, what: str) -> None:
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = op
+        self._gloo_call(what, lambda: self._gloo.allreduce([t], opts))
 
     def _gloo_call(self, what: str, call: Callable[[], Any]) -> None:
         t0 = time.monotonic()
@@ -243,9 +247,7 @@ class PathPort(SwitchPort):
         if self.rank == 0 and now >= self._next_probe:
             self._next_probe = now + self._interval_s
             want[0] = int(self._probe())
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MAX
-        self._gloo_call("the switch probe's verdict", lambda: self._gloo.allreduce([want], opts))
+        self._allreduce(want, dist.ReduceOp.MAX, "the switch probe's verdict")
         if want[0]:
             self._try_return()
         self._call_host = self.path == "host"
@@ -260,9 +262,7 @@ class PathPort(SwitchPort):
         except HomAggError as exc:
             why = str(exc)
         ok = torch.tensor([int(link is not None)], dtype=torch.int64)
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MIN
-        self._gloo_call("re-admission to the switch", lambda: self._gloo.allreduce([ok], opts))
+        self._allreduce(ok, dist.ReduceOp.MIN, "re-admission to the switch")
         if not ok[0]:
             if link is not None:
                 _close_quietly(link)
@@ -291,6 +291,11 @@ class PathPort(SwitchPort):
         self.last = None
         self._host.close()
         self.link.close()
+
+
+def _ranks_in(table: list[tuple[int, int]], state: int) -> list[int]:
+    """The ranks whose agreement row has ``state``."""
+    return [r for r, (s, _) in enumerate(table) if s == state]
 
 
 def _close_quietly(link: SwitchLink) -> None:

@@ -20,7 +20,6 @@ every store wait is bounded by the group timeout and a timeout names the ranks t
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -109,14 +108,10 @@ def probe_switch(config: BackendConfig, link: SwitchLink, timeout_s: float = 0.5
     control port (the same test as :class:`~homagg.transport._liveness.Liveness`)."""
     if config.switch == "embedded":
         return True
+    from ..transport._liveness import control_silent
+
     control = config.control_address or link.control
-    if control is None:
-        return False
-    try:
-        socket.create_connection(control, timeout=timeout_s).close()
-    except OSError:
-        return False
-    return True
+    return control is not None and control_silent(control, timeout_s) is None
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:

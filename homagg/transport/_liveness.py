@@ -34,7 +34,20 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 
-__all__ = ["Liveness"]
+__all__ = ["Liveness", "control_silent"]
+
+
+def control_silent(control: tuple[str, int], timeout_s: float) -> str | None:
+    """Why the switch's control port does not take a TCP connection (refused, timed out,
+    unreachable), or None when it does (a plain connect: nothing sent, nothing authenticated)."""
+    host, port = control
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return f"its control port {host}:{port} refuses connections"
+    except OSError as exc:  # timeout, unreachable host or network
+        return f"its control port {host}:{port} does not answer ({exc.__class__.__name__})"
+    return None
 
 
 class Liveness:
@@ -63,14 +76,8 @@ class Liveness:
                 return f"its data port refused {refused} datagrams (ICMP port unreachable)"
             return None
         self.probes += 1
-        host, port = self.control
-        try:
-            socket.create_connection((host, port), timeout=self.connect_timeout_s).close()
-        except ConnectionRefusedError:
-            why = f"its control port {host}:{port} refuses connections"
-        except OSError as exc:  # timeout, unreachable host or network
-            why = f"its control port {host}:{port} does not answer ({exc.__class__.__name__})"
-        else:
+        why = control_silent(self.control, self.connect_timeout_s)
+        if why is None:
             return self._job_gone(now, stalled_s)
         if refused:
             why += f", and its data port refused {refused} datagrams (ICMP port unreachable)"

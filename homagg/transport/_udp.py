@@ -218,7 +218,7 @@ class UdpSwitchPort(SwitchPort):
         list in its status, e.g. BMv2's control agent; an error)."""
         assert self._ctl is not None
         try:
-            jobs = self._ctl.request("status").get("jobs")
+            jobs = self._ctl.status().get("jobs")
         except HomAggError:
             return None
         if not isinstance(jobs, list) or not all(isinstance(j, dict) for j in jobs):

@@ -125,31 +125,46 @@ def test_native_kernels_check_their_per_block_arrays() -> None:
 def test_word_pool_reuses_only_unreferenced_arrays() -> None:
     pool = WordPool(keep=3)
     a = pool.take(1000)
+    a_addr = a.ctypes.data  # an int: holds no reference
     held = torch.from_numpy(pool.take(1000))  # a tensor still made from the second array
     b_addr = held.data_ptr()
     del a
-    c = pool.take(1000)  # the first array is free again: reused
-    assert c.size == 1000
-    assert held.data_ptr() == b_addr and c.ctypes.data != b_addr
+    c = pool.take(1000)  # the first array is free again: reused, the same memory
+    assert c.size == 1000 and c.ctypes.data == a_addr
     d = pool.take(1000)  # the first is referenced by `c` now, the second by `held`: a new one
-    assert d.ctypes.data not in (c.ctypes.data, b_addr)
+    assert d.ctypes.data not in (a_addr, b_addr)
     assert pool.take(7).size == 7  # another size never takes one of them
     pool.clear()
 
 
 def test_spare_arrays_serve_slightly_smaller_rounds_as_views() -> None:
     """A round a few percent smaller than an earlier one reuses its array (the first ``n`` words:
-    no page faults); a referenced array, or one over 25% larger, is never handed out."""
+    no page faults); a referenced array, or one over 25% larger, is never handed out.
+
+    Arrays are told apart by the address of their memory, recorded as ints (no reference): an array
+    still in ``spare`` is alive, so a fresh array never has its address, and a view of it does."""
     from homagg._buffers import spare_int32
 
-    big, exact, huge = (np.empty(n, dtype=np.int32) for n in (1100, 1000, 5000))
-    spare = [big, exact, huge]
-    del big, exact, huge
+    spare = [np.empty(n, dtype=np.int32) for n in (1100, 1000, 5000, 1251, 1250)]
+    addr = {a.size: a.ctypes.data for a in spare}
     first = spare_int32(spare, 1000)  # the exact size wins over a larger fit
-    assert first.size == 1000 and first.base is None and len(spare) == 2
+    assert first.size == 1000 and first.base is None and first.ctypes.data == addr[1000] and len(spare) == 4
     second = spare_int32(spare, 1000)  # then the smallest array that fits, as a view of its start
     assert second.size == 1000 and second.base is not None and second.base.size == 1100
-    assert spare_int32(spare, 1000).ctypes.data not in (first.ctypes.data, second.ctypes.data)  # 5000: too large
+    assert second.ctypes.data == addr[1100]
+    third = spare_int32(spare, 1000)  # 1250 words: 25% larger, the largest that serves 1000
+    assert third.size == 1000 and third.ctypes.data == addr[1250] and third.base.size == 1250
+    fourth = spare_int32(spare, 1000)  # left: 5000 and 1251 words, both too large, so a new array
+    assert fourth.size == 1000 and fourth.base is None
+    assert fourth.ctypes.data not in (addr[5000], addr[1251])
+    assert sorted(a.size for a in spare) == [1251, 5000]  # still spare, untouched
+    assert {a.ctypes.data for a in spare} == {addr[5000], addr[1251]}
+    first_addr = first.ctypes.data
     spare = [first]
-    kept = torch.from_numpy(first)
-    assert spare_int32(spare, 900).ctypes.data != kept.data_ptr()  # still referenced: a new array
+    kept = torch.from_numpy(first)  # a tensor made from it: the only reference besides ``spare``
+    del first, second, third
+    assert spare_int32(spare, 900).ctypes.data != first_addr  # still referenced: a new array
+    assert len(spare) == 1
+    del kept
+    again = spare_int32(spare, 900)  # nobody references it any more: its first 900 words
+    assert again.ctypes.data == first_addr and again.size == 900 and spare == []

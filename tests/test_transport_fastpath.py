@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 import time
 
 import numpy as np
@@ -25,7 +26,8 @@ from homagg.transport import CombineOp, Stream, UdpSwitchPort
 from homagg.transport._datapath import PyDatapath, Round
 from homagg.transport._fastpath import AVAILABLE, NativeDatapath, Scratch
 from homagg.transport._roundloop import chunk_table
-from homagg.transport._sockets import PROBE_PREFIX, set_udp_gro
+from homagg.transport._sockets import PROBE_PREFIX, UDP_GRO, set_udp_gro
+from homagg.transport._window import INITIAL_WINDOW
 from tests.test_transport_rto import FakeSwitch
 
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason="the native datapath was not built (no C compiler at install)")
@@ -208,10 +210,68 @@ def test_stream_zero_is_verified_by_either_loop(native: bool, streams: int) -> N
     assert torch.equal(outs[0], words) and len(seen) == 1 and torch.equal(seen[0], words)
 
 
+class _GroSwitch:
+    """A one-worker switch on loopback that counts the messages a port sends: its socket takes
+    UDP_GRO, so loopback hands it each GSO message whole, as one buffer (the ``UDP_GRO`` control
+    message gives the segment size), and each plain datagram as one buffer of its own.  It cuts
+    every buffer into its datagrams and answers each with its words (``FLAG_RESULT``)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        assert set_udp_gro(self.sock), "the kernel has no UDP_GRO (before 5.0)"
+        self.addr = self.sock.getsockname()
+        self.messages: list[int] = []  #: per buffer received (one per message sent): its datagrams
+        self.datagrams: list[bytes] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, anc, _, src = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(4))
+            except TimeoutError:
+                continue
+            seg = len(data)
+            for level, kind, value in anc:
+                if level == socket.IPPROTO_UDP and kind == UDP_GRO:
+                    (seg,) = struct.unpack("=i", value[:4])
+            self.messages.append(-(-len(data) // seg))
+            for at in range(0, len(data), seg):
+                datagram = data[at: at + seg]
+                self.datagrams.append(datagram)
+                reply = bytearray(datagram)
+                wire.set_flags(reply, wire.FLAG_RESULT)
+                self.sock.sendto(reply, src)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+def _count_messages(x: torch.Tensor) -> tuple[list[int], list[bytes], dict[str, int]]:
+    """One round of ``x`` from a native port with GSO left to its default, against a
+    :class:`_GroSwitch`: (datagrams per message received, the datagrams sorted, the port's stats)."""
+    sw = _GroSwitch()
+    try:
+        with UdpSwitchPort(sw.addr, rank=0, job_id=1, world_size=1, n_slots=32, words_per_packet=500,
+                           timeout=20.0, native=True) as port:
+            (out,) = port.combine([Stream("x", CombineOp.ADD, x)])
+            stats = dict(port.stats)
+    finally:
+        sw.close()
+    assert torch.equal(out, x)
+    return sw.messages, sorted(sw.datagrams), stats
+
+
 def test_gso_is_on_by_default_towards_a_loopback_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only sockets receive on loopback (the kernel cuts a GSO message back into its datagrams for
     the emulator's socket), so a port sends GSO messages there unless ``HOMAGG_UDP_GSO`` says no;
-    a port's round over loopback then leaves as fewer, merged messages with the same datagrams."""
+    a port's round over loopback then leaves as fewer, merged messages with the same datagrams:
+    counted where they arrive, at a switch socket that receives each message whole."""
     from homagg.transport._fastpath import gso_default
 
     a, b = _pair()
@@ -222,3 +282,15 @@ def test_gso_is_on_by_default_towards_a_loopback_switch(monkeypatch: pytest.Monk
         assert not gso_default(a)
     finally:
         a.close(), b.close()
+    x = torch.randint(-2**31, 2**31 - 1, (64 * 500,), dtype=torch.int32)  # 64 chunks of 500 words
+    monkeypatch.setenv("HOMAGG_UDP_GSO", "0")
+    plain, plain_datagrams, plain_stats = _count_messages(x)
+    monkeypatch.delenv("HOMAGG_UDP_GSO")
+    merged, merged_datagrams, merged_stats = _count_messages(x)
+    assert plain_stats["retransmits"] == merged_stats["retransmits"] == 0  # one copy of each chunk
+    assert plain_stats.get("gso", 0) == 0 and merged_stats["gso"] == 1
+    assert plain == [1] * 64  # one message per datagram
+    assert merged_datagrams == plain_datagrams  # the same datagrams on the wire
+    # the first window (16 chunks of 2 KB, equal length: under GSO's 64 segments and 64 KB) leaves
+    # as one message; later ones as results free room, in runs as long as the answers allow
+    assert merged[0] == INITIAL_WINDOW and sum(merged) == 64 and len(merged) < 64, merged

@@ -53,3 +53,29 @@ def test_bench_faults_quick_records_well_formed_and_exact(tmp_path: Path) -> Non
     assert cr["params_match_across_ranks"] and cr["params_match_undisturbed"] and cr["losses_match_undisturbed"]
     heavy = rec["loss"][-1]
     assert heavy["switch_injected_drops"] > 0 and heavy["retransmits_per_all_reduce"] > 0
+
+
+@pytest.mark.slow
+def test_bench_faults_chaos_two_minutes_nothing_lost_nothing_hung(tmp_path: Path) -> None:
+    """The CI form of the chaos soak (``--chaos --quick``: 120 s of DDP, 4 ranks, the embedded
+    default, seeded faults of every kind), then the same steps undisturbed.  Oracle: the
+    undisturbed run's parameters and losses (bit for bit, the documented bound), the emulators'
+    own fault counters, and every rank's path statistics."""
+    out = tmp_path / "chaos.json"
+    rc = main(["bench", "faults", "--chaos", "--quick", "--json", str(out)])
+    ch = json.loads(out.read_text())["chaos"]
+    assert ch["errors"] == [] and ch["hang"] is None, ch["errors"] or ch["hang"]
+    assert rc == 0 and ch["ok"] is True and ch["failures"] == []
+    assert ch["duration_s"] == 120 and ch["world"] == 4 and ch["switch"].startswith("embedded")
+    assert ch["every_kind_injected"] and set(ch["faults_injected"]) == {"kill", "loss", "stall", "reorder", "duplicate"}
+    assert sum(ch["faults_injected"].values()) + sum(ch["faults_skipped"].values()) == sum(ch["planned"].values())
+    c = ch["emulator_counters"]  # the emulators really injected what was asked
+    assert c["drop_injected"] + c["drop_injected_egress"] > 0 and c["injected_duplicate"] > 0 and c["injected_reorder"] > 0
+    assert ch["transitions"]["switch->host"] >= ch["faults_injected"]["kill"] >= 1
+    assert ch["transitions"].get("host->switch", 0) >= 1 and ch["transitions_identical_across_ranks"]
+    assert ch["steps_per_path"]["host"] >= 1 and ch["steps_per_path"]["switch"] >= 1
+    assert sum(ch["steps_per_path"].values()) == ch["steps"] >= 100
+    assert all(r == ch["calls_per_path"] for r in ch["calls_per_path_by_rank"])
+    assert sum(ch["calls_per_path"].values()) == 2 * ch["steps"]  # a gradient bucket and the stop flag per step
+    assert ch["params_identical_across_ranks"] and ch["params_equal_undisturbed"] and ch["losses_equal_undisturbed"]
+    assert ch["params_max_abs_diff_undisturbed"] == 0.0 and ch["warnings"].get("PathWarning", 0) >= 4

@@ -19,6 +19,9 @@ Four parts; the first three against a Python emulator in its own process (:func:
   retransmissions per all_reduce (summed over the workers), every result exact.
 * ``crash``: a DDP run whose switch is SIGKILLed mid-run and comes back (:mod:`._crash`): steps on
   each path, the time lost to detection and return, final parameters on every rank.
+* ``chaos`` (``--chaos``, not in the default parts): a ``--duration`` DDP soak on the embedded default
+  with the emulator killed, loss/reorder/duplicate bursts and a stalled rank at seeded random
+  times, then the same run undisturbed (:mod:`._chaos`).
 
 Every worker process runs :func:`homagg.bench._faults_rank.worker`.  ``--quick`` is the CI form
 (seconds, not minutes).  ``load_1min`` and the machine are recorded: on a shared machine the
@@ -35,11 +38,14 @@ import random
 import socket
 import statistics
 import struct
+import sys
 import threading
 import time
 from typing import Any
 
 from .._errors import ProtocolError
+from ._chaos import chaos, summary
+from ._chaos import configure_parser as _chaos_parser
 from ._crash import configure_parser as _crash_parser
 from ._crash import crash
 from ._faults_rank import SIZES, worker
@@ -49,9 +55,9 @@ __all__ = ["configure_parser", "run"]
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="the short CI form of every part")
-    p.add_argument("--parts", default="soak,fuzz,loss,crash", help="comma-separated subset of soak,fuzz,loss,crash")
+    p.add_argument("--parts", default="soak,fuzz,loss,crash", help="comma-separated subset of soak,fuzz,loss,crash,chaos")
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--duration", type=float, default=600.0, help="soak seconds (default 10 min)")
+    p.add_argument("--duration", type=float, default=600.0, help="soak and chaos seconds (default 10 min)")
     p.add_argument("--soak-loss", type=float, default=0.01, help="soak drop = duplicate = reorder rate")
     p.add_argument("--rss-bound-mib", type=float, default=64.0, help="allowed RSS growth per process")
     p.add_argument("--fuzz", type=int, default=100_000, help="fuzzed datagrams")
@@ -65,6 +71,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the record to this file")
     _crash_parser(p)
+    _chaos_parser(p)
 
 
 def _rss_mib(pid: int) -> float | None:
@@ -341,6 +348,7 @@ def loss(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    chaos_s = min(args.duration, 120.0) if args.quick else args.duration
     if args.quick:
         args.duration = min(args.duration, 8.0)
         args.fuzz = min(args.fuzz, 3000)
@@ -348,7 +356,7 @@ def run(args: argparse.Namespace) -> int:
         args.loss_numel = min(args.loss_numel, 20_000)
         args.crash_steps, args.crash_at = min(args.crash_steps, 24), min(args.crash_at, 8)
         args.crash_width, args.crash_probe = min(args.crash_width, 256), min(args.crash_probe, 0.3)
-    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    parts = ["chaos"] if args.chaos else [p.strip() for p in args.parts.split(",") if p.strip()]
     record: dict[str, Any] = {
         "bench": "faults", "quick": bool(args.quick), "load_1min_start": round(os.getloadavg()[0], 2),
         "machine": f"{platform.machine()} cpus={len(os.sched_getaffinity(0))} python {platform.python_version()}",
@@ -361,14 +369,19 @@ def run(args: argparse.Namespace) -> int:
         record["loss"] = loss(args)
     if "crash" in parts:
         record["crash"] = crash(args)
+    if "chaos" in parts:
+        record["chaos"] = chaos(args, chaos_s)
     record["load_1min_end"] = round(os.getloadavg()[0], 2)
     text = json.dumps(record, indent=2)
     print(text)
+    if "chaos" in record:
+        print(summary(record["chaos"]), file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
             f.write(text + "\n")
     ok = (record.get("soak", {}).get("exact", True) and record.get("soak", {}).get("rss_within_bound", True)
           and record.get("fuzz", {}).get("exact", True) and record.get("fuzz", {}).get("switch_alive", True)
           and all(r["exact"] for r in record.get("loss", []))
-          and record.get("crash", {}).get("params_match_across_ranks", True))
+          and record.get("crash", {}).get("params_match_across_ranks", True)
+          and record.get("chaos", {}).get("ok", True))
     return 0 if ok else 1

@@ -1,0 +1,72 @@
+"""The chaos soak's parts that need no DDP run (the soak itself: tests/test_bench_faults.py).
+
+Oracles: the schedule's stated properties; the watchdog against real rank processes, one of which
+really stops making progress (its name, phase, step and stack must be reported, and the launcher
+must fail, not wait).
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from homagg import HomAggError
+from homagg.bench._chaos_faults import KINDS, Chaos, schedule
+from homagg.bench._ranks import launch_ranks
+
+
+def test_schedule_is_seeded_covers_every_kind_and_ends_before_the_run() -> None:
+    plan = schedule(7, 600.0, 4, (3.0, 10.0))
+    assert plan == schedule(7, 600.0, 4, (3.0, 10.0)) and plan != schedule(8, 600.0, 4, (3.0, 10.0))
+    for i in range(0, len(plan) - len(KINDS) + 1, len(KINDS)):  # each cycle has every kind once
+        assert sorted(f.kind for f in plan[i:i + len(KINDS)]) == sorted(KINDS)
+    assert sum(f.gap_s + f.hold_s for f in plan) <= 600.0 - 10.0
+    assert len(plan) >= 40
+    for f in plan:
+        assert 3.0 <= f.gap_s <= 10.0
+        if f.kind in ("loss", "reorder", "duplicate"):
+            assert 0.05 <= f.rate <= 0.30 and 2.0 <= f.hold_s <= 6.0
+        elif f.kind == "stall":
+            assert f.hold_s == 2.0 and 0 <= f.rank < 4
+        else:
+            assert (f.rate, f.hold_s, f.rank) == (0.0, 0.0, -1)
+
+
+_RANK = textwrap.dedent("""
+    import faulthandler, json, os, signal, sys, time
+    from homagg.bench._chaos_rank import PROGRESS_MARK
+    rank, out = int(os.environ["RANK"]), sys.argv[1]
+    faulthandler.register(signal.SIGUSR1, file=open(f"{out}/rank{rank}.stack", "w"), all_threads=True)
+    def say(**kw):
+        print(PROGRESS_MARK + json.dumps(kw), flush=True)
+    def waits_for_a_peer_that_never_answers():
+        time.sleep(3600)
+    say(phase="ready", pid=os.getpid(), rank=rank)
+    for step in range(1, 600):
+        say(phase="step", step=step, path="switch")
+        if rank == 1 and step == 3:
+            waits_for_a_peer_that_never_answers()
+        time.sleep(0.1)
+""")
+
+
+def test_watchdog_names_the_hung_rank_with_its_stack_and_fails_the_run(tmp_path: Path) -> None:
+    chaos = Chaos([], tmp_path, world=2, seed=0, hang_s=2.0).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(HomAggError, match=r"rank 1 \(killed by signal 9\)"):
+            launch_ranks([sys.executable, "-c", _RANK, str(tmp_path)], 2, label="watchdog test", stall_timeout=60,
+                         on_line=chaos.on_line)
+    finally:
+        chaos.stop()
+    assert time.monotonic() - t0 < 30  # the watchdog's bound, not the launcher's stall timeout
+    hang = chaos.hang
+    assert hang is not None and hang["ranks"] == [1]
+    where = hang["where"][1]
+    assert (where["phase"], where["step"], where["path"]) == ("step", 3, "switch") and where["silent_s"] > 2.0
+    assert "waits_for_a_peer_that_never_answers" in hang["stacks"][1]
+    assert "waits_for_a_peer_that_never_answers" not in hang["stacks"][0]

@@ -14,27 +14,51 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from .codec._config import SCHEMES
 from ._errors import ConfigError
 from .testing import UdpJobConfig, gradients, run_udp_job, verify_udp_results
-from .wire import P4_WORDS
+from .wire import MAX_SLOTS, MAX_WORDS_JUMBO, MAX_WORKERS, P4_WORDS
 
 __all__ = ["configure_parser", "run"]
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
+    p.add_argument("--workers", type=int, default=4, help=f"worker processes, 1..{MAX_WORKERS} (default 4)")
     p.add_argument("--numel", type=int, default=1_000_000, help="elements per worker, all tensors together")
     p.add_argument("--density", type=float, default=0.01, help="fraction of embedding rows with a gradient")
     p.add_argument("--drop", type=float, default=0.0, help="loss rate injected at the emulator")
     p.add_argument("--switch", help="HOST:PORT of an external switch instead of the embedded emulator")
     p.add_argument("--control", help="HOST:PORT of the external switch's control port (default: port + 1)")
-    p.add_argument("--words-per-packet", type=int, help="K (default 2048 with the emulator, 32 external)")
-    p.add_argument("--slots", type=int, default=64, help="slots (window) of the job")
+    p.add_argument("--words-per-packet", type=int,
+                   help=f"K, 1..{MAX_WORDS_JUMBO} (default 2048 with the emulator, {P4_WORDS} external)")
+    p.add_argument("--slots", type=int, default=64, help=f"slots (window) of the job, 1..{MAX_SLOTS} (default 64)")
     p.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated schemes to run")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds without progress before a worker fails")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write the verdicts and counters as JSON")
+
+
+def check_args(args: argparse.Namespace, schemes: list[str]) -> None:
+    """:class:`ConfigError` naming the first option outside what it accepts (before anything starts)."""
+    from switch_emulator.faults import FaultConfig
+
+    bad = [(not 1 <= args.workers <= MAX_WORKERS, f"--workers {args.workers} outside 1..{MAX_WORKERS}"),
+           (args.numel < 1, f"--numel {args.numel}: need at least 1 element"),
+           (not 0 < args.density <= 1, f"--density {args.density:g} outside (0, 1]"),
+           (bool(set(schemes) - set(SCHEMES)) or not schemes,
+            f"--schemes {args.schemes!r}: choose from {', '.join(SCHEMES)}"),
+           (args.words_per_packet is not None and not 1 <= args.words_per_packet <= MAX_WORDS_JUMBO,
+            f"--words-per-packet {args.words_per_packet} outside 1..{MAX_WORDS_JUMBO}"),
+           (not 1 <= args.slots <= MAX_SLOTS, f"--slots {args.slots} outside 1..{MAX_SLOTS}"),
+           (not (math.isfinite(args.timeout) and args.timeout > 0), f"--timeout {args.timeout:g}: need > 0 seconds")]
+    for wrong, message in bad:
+        if wrong:
+            raise ConfigError(message)
+    try:
+        FaultConfig(drop=args.drop)
+    except ConfigError as exc:
+        raise ConfigError(f"--drop {args.drop:g}: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,18 +76,17 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
-    if not 1 <= args.workers <= 32 or args.numel < 1 or not 0 < args.density <= 1 or set(schemes) - set(SCHEMES):
-        raise ConfigError("need 1 <= --workers <= 32, --numel >= 1, 0 < --density <= 1, known --schemes")
+    check_args(args, schemes)
     sw = None
     if args.switch:
         data = parse_addr(args.switch)
         ctl_addr = parse_addr(args.control) if args.control else (data[0], data[1] + 1)
-        k = args.words_per_packet or P4_WORDS
+        k = P4_WORDS if args.words_per_packet is None else args.words_per_packet
     else:
         with console.status("starting the switch emulator on loopback"):
             sw = switch_emulator.spawn(drop=args.drop, seed=args.seed)
         data, ctl_addr = sw.data_addr, sw.control_addr
-        k = args.words_per_packet or 2048
+        k = 2048 if args.words_per_packet is None else args.words_per_packet
     try:
         ctl = ControlClient(ctl_addr)
         job = ctl.admit(args.workers, n_slots=args.slots, words_per_packet=k)

@@ -26,11 +26,18 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from homagg.jobs import SWITCH_POOL_SLOTS, parse_addr
+from homagg._errors import ConfigError
+from homagg.jobs import SWITCH_POOL_SLOTS, format_addr, parse_addr
 from homagg.transport import ControlClient
 from homagg.transport._auth import SECRET_ENV, SECRET_FILE_ENV, new_secret, read_secret_file, write_secret_file
-from homagg.wire import HOMAGG_UDP_PORT
+from homagg.wire import HOMAGG_UDP_PORT, MAX_SLOTS
+
+from .admission import check_pool_slots
+
+if TYPE_CHECKING:
+    from .faults import FaultConfig
 
 __all__ = ["configure_parser", "run", "addresses"]
 
@@ -51,7 +58,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="udp backend: the pipeline in C with batched syscalls (native), or the Python "
                         "reference (python); auto: native where it was built, python with fault injection")
     p.add_argument("--iface", action="append", default=[], help="raw backend: interface to serve (repeatable)")
-    p.add_argument("--slots", type=int, default=SWITCH_POOL_SLOTS, help=f"slot pool size (default {SWITCH_POOL_SLOTS})")
+    p.add_argument("--slots", type=int, default=SWITCH_POOL_SLOTS,
+                   help=f"slot pool size, 1..{MAX_SLOTS} (default {SWITCH_POOL_SLOTS})")
     mc = p.add_mutually_exclusive_group()
     mc.add_argument("--no-multicast", action="store_true",
                     help="udp backend: never send results to a job's multicast group (default: on loopback)")
@@ -87,8 +95,13 @@ def _server_secret(args: argparse.Namespace) -> tuple[str, Path | None, bool]:
     if args.secret_file:
         path = Path(args.secret_file)
         if not path.exists():
-            write_secret_file(path, new_secret())
-            return read_secret_file(path), path, False  # asked for: kept after exit
+            try:
+                write_secret_file(path, new_secret())  # asked for: kept after exit
+            except FileExistsError:
+                pass  # another process created it meanwhile: read it
+            except OSError as exc:
+                raise ConfigError(f"--secret-file {path}: cannot create it ({exc.strerror}); give an existing "
+                                  "secret file or a new one in an existing folder this user may write") from None
         return read_secret_file(path), path, False
     if os.environ.get(SECRET_ENV) or os.environ.get(SECRET_FILE_ENV):
         from homagg.transport._auth import resolve_secret
@@ -103,6 +116,8 @@ def _server_secret(args: argparse.Namespace) -> tuple[str, Path | None, bool]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_pool_slots(args.slots, source="--slots")
+    faults = _faults(args)
     data, control = addresses(args.listen, args.control)
     if args.status:
         secret = read_secret_file(args.secret_file) if args.secret_file else None
@@ -113,30 +128,65 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s homagg switch %(levelname)s: %(message)s")
     secret, secret_path, own_file = _server_secret(args)
     try:
-        return _serve(args, data, control, secret, secret_path)
+        return _serve(args, data, control, secret, secret_path, faults)
     finally:
         if own_file and secret_path is not None:
             secret_path.unlink(missing_ok=True)
 
 
-def _serve(args: argparse.Namespace, data: tuple[str, int], control: tuple[str, int], secret: str,
-           secret_path: Path | None) -> int:
-    from homagg.jobs import load_jobs
-
-    from .control import ControlServer
+def _faults(args: argparse.Namespace) -> FaultConfig:
+    """The fault injection the options ask for; a rate out of range is named as its option."""
     from .faults import FaultConfig
-    from .switch import Switch
 
-    faults = FaultConfig(args.drop, args.duplicate, args.reorder, args.seed)
+    for option in ("drop", "duplicate", "reorder"):
+        rate = getattr(args, option)
+        try:
+            FaultConfig(**{option: rate})
+        except ConfigError as exc:
+            raise ConfigError(f"--{option} {rate:g}: {exc}") from None
+    return FaultConfig(args.drop, args.duplicate, args.reorder, args.seed)
+
+
+def _serve(args: argparse.Namespace, data: tuple[str, int], control: tuple[str, int], secret: str,
+           secret_path: Path | None, faults: FaultConfig) -> int:
+    """Bind the data backend (``--listen``, or ``--iface`` for raw) and serve on it."""
     if args.backend == "udp":
         from .io_udp import UdpBackend
 
-        backend: object = UdpBackend(data, multicast=not args.no_multicast, multicast_any_address=args.multicast,
-                                     engine=args.engine)
+        try:
+            backend: object = UdpBackend(data, multicast=not args.no_multicast,
+                                         multicast_any_address=args.multicast, engine=args.engine)
+        except OSError as exc:
+            raise _unbound("--listen", args.listen, "data (UDP)", exc) from None
     else:
         from .io_raw import RawBackend
 
-        backend = RawBackend(args.iface, udp_port=data[1])
+        try:
+            backend = RawBackend(args.iface, udp_port=data[1])
+        except OSError as exc:
+            raise ConfigError(f"--iface {','.join(args.iface)}: cannot open a raw socket on it ({exc.strerror}); "
+                              "give interfaces of this host (ip link), as root or with CAP_NET_RAW") from None
+    try:
+        return _serve_on(args, backend, control, secret, secret_path, faults)
+    finally:
+        backend.close()  # type: ignore[attr-defined]
+
+
+def _unbound(option: str, value: str, what: str, exc: OSError) -> ConfigError:
+    """The error for an address ``option`` = ``value`` whose socket could not be bound."""
+    return ConfigError(f"{option} {value}: cannot bind the {what} socket ({exc.strerror}); HOST must be an IPv4 "
+                       "address of this host (or 0.0.0.0), or a name that resolves to one, and PORT a free port "
+                       "0..65535 (0: the OS picks one)")
+
+
+def _serve_on(args: argparse.Namespace, backend: object, control: tuple[str, int], secret: str,
+              secret_path: Path | None, faults: FaultConfig) -> int:
+    """Serve on the bound ``backend`` until stopped (the control port bound here)."""
+    from homagg.jobs import load_jobs
+
+    from .control import ControlServer
+    from .switch import Switch
+
     sw = Switch(backend.send, pool_slots=args.slots, faults=faults,  # type: ignore[attr-defined]
                 allow_faults=args.allow_faults or faults.active)
     sw.data_addr = backend.addr  # type: ignore[attr-defined]
@@ -144,7 +194,12 @@ def _serve(args: argparse.Namespace, data: tuple[str, int], control: tuple[str, 
         backend.check_engine(sw)  # type: ignore[attr-defined]
     for spec in load_jobs(args.jobs) if args.jobs else []:
         sw.admit(spec, f"job file {args.jobs}")
-    ctl = ControlServer(sw, control, secret=secret).start()
+    try:
+        ctl = ControlServer(sw, control, secret=secret).start()
+    except OSError as exc:
+        given = ("--control", args.control) if args.control else ("--listen port + 1 (give --control)",
+                                                                 format_addr(control))
+        raise _unbound(*given, "control (TCP)", exc) from None
     stop = threading.Event()
 
     def _term(signum: int, frame: object) -> None:
@@ -173,7 +228,6 @@ def _serve(args: argparse.Namespace, data: tuple[str, int], control: tuple[str, 
         else:
             backend.serve(sw)  # type: ignore[attr-defined]
     finally:
-        backend.close()  # type: ignore[attr-defined]
         ctl.stop()
     return 0
 

@@ -14,12 +14,23 @@ import time
 
 from homagg._errors import ConfigError
 from homagg.jobs import SWITCH_POOL_SLOTS, JobSpec, WorkerAddr, free_slot_base
+from homagg.wire import MAX_SLOTS
 
 from .state import JobState
 
-__all__ = ["AdmissionTable"]
+__all__ = ["AdmissionTable", "check_pool_slots"]
 
 Addr = tuple[str, int]
+
+
+def check_pool_slots(pool_slots: int, source: str = "pool_slots") -> int:
+    """``pool_slots`` if a pool of that many slots can serve jobs: 1 to :data:`~homagg.wire.MAX_SLOTS`
+    (every slot of a job's range goes in the wire format's 15-bit slot field, so a larger pool
+    could never be used); else :class:`~homagg.ConfigError` naming ``source``."""
+    if isinstance(pool_slots, bool) or not isinstance(pool_slots, int) or not 1 <= pool_slots <= MAX_SLOTS:
+        raise ConfigError(f"{source} {pool_slots} outside 1..{MAX_SLOTS}: a job's slots are numbered in the "
+                          "15-bit slot field of the wire format")
+    return pool_slots
 
 
 class AdmissionTable:
@@ -29,7 +40,7 @@ class AdmissionTable:
     """
 
     def __init__(self, pool_slots: int = SWITCH_POOL_SLOTS) -> None:
-        self.pool_slots = pool_slots
+        self.pool_slots = check_pool_slots(pool_slots)
         self.jobs: dict[int, JobState] = {}
         self.by_src: dict[Addr, tuple[JobState, int]] = {}
         self._lock = threading.Lock()

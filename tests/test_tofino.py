@@ -1,5 +1,9 @@
 """The Tofino program compiled with bf-p4c (marker ``tofino``): the compiler's outputs are the oracle.
 
+The build's handling of its output folder (it never removes what it did not write) is tested
+without the compiler too: with a stand-in ``bf-p4c`` that fails after writing outputs, and on
+:func:`homagg.p4._tofino.place_outputs` directly.
+
 Each target is compiled once per session (``homagg p4 build --target ...`` path, ``-g``): it must
 fit the device (the assembler wrote the binary, ``resources.json`` lists no more stages than the
 device has), print no warning but the parse-depth padding, aggregate the documented words per
@@ -9,6 +13,8 @@ control plane (:mod:`homagg.p4.bfrt`) writes for a job file, with values fitting
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,16 +24,20 @@ from homagg.jobs import JobSpec, WorkerAddr
 from homagg.p4 import HostPort, SwitchConfig
 from homagg.p4 import _tofino, bfrt
 
-pytestmark = pytest.mark.tofino
-
 #: words per pass documented in docs/p4-tofino.md and p4/tofino/tofino_config.p4
 WORDS = {"tofino": 28, "tofino2": 32}
 STAGES = {"tofino": 12, "tofino2": 20}
 
 
+#: a user's file in the build folder, which the build must leave alone
+USER_FILE = ("notes.txt", "the user's own notes\n")
+
+
 @pytest.fixture(scope="session", params=sorted(_tofino.TARGETS))
 def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> _tofino.TofinoBuild:
-    return _tofino.build(request.param, tmp_path_factory.mktemp(request.param), werror=True)
+    out = tmp_path_factory.mktemp(request.param)
+    (out / USER_FILE[0]).write_text(USER_FILE[1])
+    return _tofino.build(request.param, out, werror=True)
 
 
 def _switch() -> SwitchConfig:
@@ -40,6 +50,7 @@ def _job(words: int) -> JobSpec:
     return JobSpec(7, 3, slot_base=64, n_slots=32, words_per_packet=words, workers=workers, token=0xCAFEBABE)
 
 
+@pytest.mark.tofino
 def test_fits_the_device(built: _tofino.TofinoBuild, record_property) -> None:
     r = built.resources
     assert built.binary.is_file() and built.binary.stat().st_size > 0
@@ -51,10 +62,12 @@ def test_fits_the_device(built: _tofino.TofinoBuild, record_property) -> None:
     record_property("homagg_report", f"{built.target}: " + "; ".join(r.lines()) + f"; {built.seconds:.0f} s")
 
 
+@pytest.mark.tofino
 def test_only_the_padding_warning(built: _tofino.TofinoBuild) -> None:
     assert all(_tofino.PADDING.search(w) for w in built.warnings)
 
 
+@pytest.mark.tofino
 def test_control_plane_matches_bfrt_json(built: _tofino.TofinoBuild) -> None:
     doc = bfrt.load_bfrt(built.bfrt)
     words = _tofino.words_per_pass(doc)
@@ -67,6 +80,7 @@ def test_control_plane_matches_bfrt_json(built: _tofino.TofinoBuild) -> None:
         bfrt.job_entries(sw, _job(words + 1), words=words)
 
 
+@pytest.mark.tofino
 def test_check_entries_refuses_what_the_program_lacks(built: _tofino.TofinoBuild) -> None:
     doc = bfrt.load_bfrt(built.bfrt)
     good = bfrt.job_entries(_switch(), _job(8), words=_tofino.words_per_pass(doc))
@@ -85,3 +99,100 @@ def test_check_entries_refuses_what_the_program_lacks(built: _tofino.TofinoBuild
 def test_build_refuses_unknown_target(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         _tofino.build("tofino3", tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# the output folder: only what the build wrote is ever replaced or removed
+
+
+def _user_files(out: Path) -> None:
+    (out / USER_FILE[0]).write_text(USER_FILE[1])
+    (out / "data").mkdir()
+    (out / "data" / "x.bin").write_bytes(b"\x01\x02")
+
+
+def _assert_user_files(out: Path) -> None:
+    assert (out / USER_FILE[0]).read_text() == USER_FILE[1]
+    assert (out / "data" / "x.bin").read_bytes() == b"\x01\x02"
+
+
+def test_failed_build_keeps_the_users_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--out DIR`` holding the user's files: a build (here with a stand-in bf-p4c that writes
+    some outputs and fails) leaves them as they were, and keeps its log."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "bf-p4c"
+    fake.write_text(f"#!{sys.executable}\n"
+                    "import pathlib, sys\n"
+                    "out = pathlib.Path(sys.argv[sys.argv.index('-o') + 1])\n"
+                    "(out / 'pipe').mkdir(parents=True, exist_ok=True)\n"
+                    "(out / 'bfrt.json').write_text('{}')\n"
+                    "print('error: stand-in bf-p4c: no compiler here', file=sys.stderr)\n"
+                    "sys.exit(1)\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+    out = tmp_path / "out"
+    out.mkdir()
+    _user_files(out)
+    for _ in range(2):
+        with pytest.raises(_tofino.BuildError, match="stand-in bf-p4c"):
+            _tofino.build("tofino", out)
+        _assert_user_files(out)
+        assert "stand-in bf-p4c" in (out / "bf-p4c.log").read_text()
+        assert not (out / "bfrt.json").exists()  # a failed build's outputs are not kept
+    assert sorted(p.name for p in out.iterdir()) == sorted([_tofino.PLACED, "bf-p4c.log", "data", USER_FILE[0]])
+
+
+def _staged(tmp_path: Path, names: dict[str, str]) -> Path:
+    staging = tmp_path / f"staging{len(list(tmp_path.iterdir()))}"
+    for name, text in names.items():
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        (staging / name).write_text(text)
+    return staging
+
+
+def test_place_outputs_replaces_only_its_own(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    _user_files(out)
+    first = {"bfrt.json": "1", "pipe/tofino.bin": "1", "stage_adv.log": "1"}
+    assert _tofino.place_outputs(_staged(tmp_path, first), out) == ["bfrt.json", "pipe", "stage_adv.log"]
+    _assert_user_files(out)
+    # a second build replaces the first one's outputs and removes those it no longer writes
+    second = {"bfrt.json": "2", "pipe/tofino.bin": "2", "source.json": "2"}
+    _tofino.place_outputs(_staged(tmp_path, second), out)
+    _assert_user_files(out)
+    assert (out / "bfrt.json").read_text() == "2" and (out / "pipe" / "tofino.bin").read_text() == "2"
+    assert not (out / "stage_adv.log").exists()
+    assert _tofino.placed_names(out) == {"bfrt.json", "pipe", "source.json"}
+
+
+def test_place_outputs_refuses_to_replace_the_users_entries(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    _user_files(out)
+    (out / "source.json").write_text("the user's")  # a name bf-p4c also writes
+    staging = _staged(tmp_path, {"bfrt.json": "1", "source.json": "1", "data/x.bin": "1"})
+    with pytest.raises(_tofino.BuildError, match="data, source.json"):
+        _tofino.place_outputs(staging, out)
+    _assert_user_files(out)
+    assert (out / "source.json").read_text() == "the user's" and not (out / "bfrt.json").exists()
+    # the build's own folder (p4/build/<target>): outputs of the same name are its own
+    _tofino.place_outputs(staging, out, own_folder=True)
+    assert (out / "source.json").read_text() == "1" and (out / USER_FILE[0]).read_text() == USER_FILE[1]
+
+
+@pytest.mark.tofino
+def test_build_keeps_the_users_files(built: _tofino.TofinoBuild, tmp_path: Path) -> None:
+    """The real compiler, twice into one folder: the user's files stay, the outputs are this run's."""
+    assert (built.out / USER_FILE[0]).read_text() == USER_FILE[1]
+    if built.target != "tofino":
+        return  # one rebuild is enough
+    out = tmp_path / "out"
+    out.mkdir()
+    _user_files(out)
+    for _ in range(2):
+        again = _tofino.build("tofino", out, werror=True)
+        _assert_user_files(out)
+        assert again.resources.words_per_pass == WORDS["tofino"] and again.binary.is_file()
+        assert _tofino.placed_names(out) >= {"bfrt.json", "pipe", "bf-p4c.log"}

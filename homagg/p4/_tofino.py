@@ -5,6 +5,13 @@ a BF Runtime controller programs) and ``pipe/logs/resources.json`` / ``phv.json`
 and, per stage, stateful ALUs, SRAM and TCAM blocks; PHV containers.  :func:`summarize` reads them;
 nothing here estimates.
 
+The build never deletes a folder it did not create: bf-p4c writes into a fresh folder inside
+``out`` and its outputs are then moved into ``out``, replacing only entries that an earlier homagg
+Tofino build placed there (their names are kept in ``out/.homagg-tofino-build``) or, in the
+default folder ``p4/build/<target>`` (the build's own), entries of the same name.  An entry of
+the same name that the build did not place (``--out .`` with a ``source.json`` of the user's, say)
+makes it refuse with :class:`BuildError`, before anything is moved; every other file is left alone.
+
 Invariants: a successful :func:`build` returns paths written by this run; ``warnings`` lists
 every compiler warning, ``padding_warnings`` those of the compiler's own minimum-parse-depth
 padding ("Parser state min_parse_depth_accept_loop ..."), which ``werror`` tolerates (the
@@ -17,6 +24,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +42,8 @@ TARGETS: dict[str, tuple[str, str]] = {"tofino": ("tofino", "tna"), "tofino2": (
 #: the compiler's minimum-parse-depth padding warning, the one warning a build may print
 PADDING = re.compile(r"Parser state min_parse_depth_accept_loop will be unrolled")
 _WORD_POOL = re.compile(r"\.w(\d\d)\.pool$")
+#: in a build folder: the names of the entries homagg's Tofino build placed there, one a line
+PLACED = ".homagg-tofino-build"
 
 
 @dataclass(frozen=True)
@@ -130,22 +140,30 @@ def build(target: str, out_dir: Path | None = None, *, werror: bool = False, wor
         raise ConfigError(f"{src} not found")
     exe = bf_p4c()
     out = (out_dir or P4_DIR / "build" / target).resolve()
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     tgt, arch = TARGETS[target]
-    cmd = [exe, "--target", tgt, "--arch", arch, "-g", "-o", str(out)]
-    if words is not None:
-        cmd.append(f"-DTOFINO_WORDS={int(words)}")
-    cmd.append(str(src))
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    seconds = time.monotonic() - t0
-    text = proc.stdout + proc.stderr
-    log = out / "bf-p4c.log"
-    log.write_text(" ".join(cmd) + "\n" + text)
-    binary = out / "pipe" / ("tofino.bin" if target == "tofino" else "tofino2.bin")
-    if proc.returncode != 0 or not binary.is_file():
+    name = "tofino.bin" if target == "tofino" else "tofino2.bin"
+    staging = Path(tempfile.mkdtemp(prefix=".homagg-tofino-", dir=out))  # bf-p4c writes here only
+    try:
+        cmd = [exe, "--target", tgt, "--arch", arch, "-g", "-o", str(staging)]
+        if words is not None:
+            cmd.append(f"-DTOFINO_WORDS={int(words)}")
+        cmd.append(str(src))
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        seconds = time.monotonic() - t0
+        text = proc.stdout + proc.stderr
+        (staging / "bf-p4c.log").write_text(" ".join(cmd) + "\n" + text)
+        ok = proc.returncode == 0 and (staging / "pipe" / name).is_file()
+        if not ok:  # keep the log only: the outputs of an earlier build would not be this source's
+            for entry in staging.iterdir():
+                if entry.name != "bf-p4c.log":
+                    _remove(entry)
+        place_outputs(staging, out, own_folder=out_dir is None)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # the folder made above: empty unless a move failed
+    log, binary = out / "bf-p4c.log", out / "pipe" / name
+    if not ok:
         errors = [line for line in text.splitlines() if "error" in line.lower()]
         raise BuildError(f"bf-p4c --target {tgt} failed (exit {proc.returncode}):\n" + "\n".join(errors or [text.strip()]))
     warnings = tuple(line for line in text.splitlines() if re.search(r"\bwarning\b", line, re.I))
@@ -154,3 +172,40 @@ def build(target: str, out_dir: Path | None = None, *, werror: bool = False, wor
     if werror and other:
         raise BuildError("compiler warnings:\n" + "\n".join(other))
     return TofinoBuild(target, out, out / "bfrt.json", binary, log, warnings, padding, seconds, summarize(out))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def placed_names(out: Path) -> set[str]:
+    """Names of the entries an earlier build placed in ``out`` (``PLACED``; plain names only)."""
+    try:
+        lines = (out / PLACED).read_text().splitlines()
+    except OSError:
+        return set()
+    return {n for n in lines if n and n not in (".", "..", PLACED) and "/" not in n and "\\" not in n}
+
+
+def place_outputs(staging: Path, out: Path, *, own_folder: bool = False) -> list[str]:
+    """Move every entry of ``staging`` into ``out``; returns their names.
+
+    An entry of ``out`` is removed only when a new output takes its name or an earlier build
+    placed it (``PLACED``); a same-named entry that no build placed (any entry, in ``own_folder``)
+    makes it raise :class:`BuildError` before anything changed.  Nothing else in ``out`` is touched."""
+    prev = placed_names(out)
+    new = sorted(p.name for p in staging.iterdir())
+    clash = [n for n in new if n not in prev and ((out / n).exists() or (out / n).is_symlink())]
+    if clash and not own_folder:
+        raise BuildError(f"{out}: {', '.join(clash)} already there and not written by a homagg Tofino build: "
+                         "refusing to replace (choose another --out, or move them away)")
+    for n in sorted(prev | set(new)):
+        if (out / n).exists() or (out / n).is_symlink():
+            _remove(out / n)
+    for n in new:
+        (staging / n).rename(out / n)
+    (out / PLACED).write_text("".join(n + "\n" for n in new))
+    return new

@@ -101,3 +101,14 @@ def test_an_emulator_pool_outside_the_slot_field_is_refused(pool: int) -> None:
     with pytest.raises(ConfigError, match=rf"pool_slots {pool} outside 1\.\.{MAX_SLOTS}"):
         Switch(lambda d, a: None, pool_slots=pool)
     assert Switch(lambda d, a: None, pool_slots=MAX_SLOTS).admission.pool_slots == MAX_SLOTS
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["bench", "codec", "--repeats", "0"], ["--repeats 0", "at least 1"]),  # was a StatisticsError traceback
+    (["bench", "codec", "--workers", "0"], ["--workers 0", "at least 1"]),  # was an IndexError traceback
+    (["bench", "codec", "--density", "2"], ["--density 2", "(0, 1]"]),  # ran as if density were 1
+    (["bench", "switch", "--repeats", "0"], ["--repeats 0", "at least 1"]),  # StatisticsError after a run
+    (["bench", "switch", "--timeout", "nan"], ["--timeout nan", "> 0"]),
+])
+def test_bench_refuses_before_it_measures(argv: list[str], words: list[str]) -> None:
+    _refused(_homagg(*argv, "--numel", "1000"), *words)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import resource
@@ -217,6 +218,10 @@ def run(args: argparse.Namespace) -> int:
     from ._report import print_table
     from rich.table import Table
 
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats {args.repeats}: need at least 1 (medians are reported)")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ConfigError(f"--timeout {args.timeout:g}: need > 0 seconds")
     console = Console()
     records = []
     for engine in _engines(args.engine):

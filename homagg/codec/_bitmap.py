@@ -54,10 +54,11 @@ def word_bitmap(words: torch.Tensor) -> torch.Tensor:
     return _hostops.nonzero_word_bitmap(words)
 
 
-def select_words(words: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+def select_words(words: torch.Tensor, held: torch.Tensor, count: int | None = None) -> torch.Tensor:
     """``words`` at the word positions whose bits are set in ``held``, the OR-combined
-    :func:`word_bitmap` (in order; :func:`homagg.codec._hostops.select_by_bits`)."""
-    return _hostops.select_by_bits(words, held)
+    :func:`word_bitmap` (in order; :func:`homagg.codec._hostops.select_by_bits`); ``count``, the
+    number of those bits where known, spares a device its synchronisation."""
+    return _hostops.select_by_bits(words, held, count)
 
 
 def place_words(selected: torch.Tensor, held: torch.Tensor, n_words: int) -> torch.Tensor:

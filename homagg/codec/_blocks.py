@@ -28,12 +28,12 @@ from collections.abc import Iterator
 
 import torch
 
-from . import _native
+from . import _hostops, _native
 from .._buffers import WordPool
 from .._errors import NonFiniteError
 from ._fixedpoint import EMPTY_EXPONENT, _pow2, precision_bits
 
-__all__ = ["exponents", "quantize", "dequantize_into", "float32_grid"]
+__all__ = ["exponents", "quantize", "dequantize_into", "decodes_in_float32", "float32_grid"]
 
 
 def _parts(flat: torch.Tensor, block_size: int) -> Iterator[tuple[slice, torch.Tensor]]:
@@ -52,11 +52,13 @@ _WORDS = WordPool()
 
 def _grid_factors(e: torch.Tensor, p: int, lo: int, hi: int, work: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per block, the exact powers of two whose product is ``2**(P - E)`` (``E`` EMPTY: 1), each
-    in ``work``'s normal range; the second is None where it is 1 in every block."""
+    in ``work``'s normal range; the second is None where it is 1 in every block (on a device always
+    given: multiplying by 1.0 is exact, and cheaper than reading whether it is needed)."""
     shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), p - e).to(torch.int64)
     first = shift.clamp(lo, hi)
     rest = shift - first
-    return _pow2(first, work), (_pow2(rest.clamp(lo, hi), work) if bool((rest != 0).any()) else None)
+    needed = not _hostops.reads_free(rest) or bool((rest != 0).any())
+    return _pow2(first, work), (_pow2(rest.clamp(lo, hi), work) if needed else None)
 
 
 def _float32_limit(p: int) -> float:
@@ -136,30 +138,44 @@ def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size
     return out
 
 
+def decodes_in_float32(exps: torch.Tensor, world_size: int) -> torch.Tensor:
+    """0-d bool tensor, unread: whether :func:`dequantize_into` may take its float32 path for a
+    float32 output (every block's ``E - P`` in ``[-126, 127]``)."""
+    shift = _decode_shift(exps, world_size)
+    if shift.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=exps.device)
+    return (shift.min() >= -126) & (shift.max() <= 127)
+
+
+def _decode_shift(exps: torch.Tensor, world_size: int) -> torch.Tensor:
+    e = exps.to(torch.int64)
+    return torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - precision_bits(world_size))
+
+
 def dequantize_into(out: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, world_size: int,
-                    block_size: int) -> int | None:
+                    block_size: int, float32_path: bool | None = None) -> int | None:
     """Write the decoded values of the flat int32 ``sums`` (every element) into flat ``out``;
     return ``count_nonzero(sums)`` where the native kernel counted it in the same pass, else None.
 
     float32 output whose every block has ``E - P >= -126`` (all results normal or zero) takes a
     float32 path: int32 -> float32 rounds once (to nearest even) and the power-of-two scaling is
     exact, which is the same single rounding as the float64 path; other cases use float64.
+    ``float32_path``: :func:`decodes_in_float32`'s value where the caller read it already.
     """
-    p = precision_bits(world_size)
-    e = exps.to(torch.int64)
-    shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - p)
-    fast = out.dtype == torch.float32 and (shift.numel() == 0 or -126 <= int(shift.min()) <= int(shift.max()) <= 127)
+    shift = _decode_shift(exps, world_size)
+    if float32_path is None and out.dtype == torch.float32:
+        float32_path = bool(decodes_in_float32(exps, world_size))
+    fast = out.dtype == torch.float32 and bool(float32_path)
     if fast and _native_float32(out, sums) and sums.dtype == torch.int32:
         return _native.dequantize32(sums.numpy(), block_size, _pow2(shift, torch.float32).numpy(), out.numpy())
     for (sl, dst), (_, src) in zip(_parts(out, block_size), _parts(sums, block_size), strict=True):
-        if fast:
-            dst.copy_(src)
-            dst.mul_(_pow2(shift[sl], torch.float32).unsqueeze(1))
+        if fast:  # int32 -> float32 (one rounding), times an exact power of two, in one pass
+            torch.mul(src, _pow2(shift[sl], torch.float32).unsqueeze(1), out=dst)
             continue
         first = shift[sl].clamp(-1000, 1000)
         x = src.to(torch.float64) * _pow2(first, torch.float64).unsqueeze(1)
         rest = shift[sl] - first
-        if bool((rest != 0).any()):
+        if not _hostops.reads_free(rest) or bool((rest != 0).any()):
             x.mul_(_pow2(rest.clamp(-1000, 1000), torch.float64).unsqueeze(1))
         dst.copy_(x)
     return None

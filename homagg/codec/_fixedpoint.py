@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from .._errors import InputError, IntegerOverflowError, NonFiniteError
-from . import _native
+from . import _hostops, _native
 
 __all__ = [
     "float32_factors",
@@ -45,6 +45,8 @@ __all__ = [
     "mismatched_blocks",
     "decode_exponents",
     "outside_window",
+    "changed_counts",
+    "float32_in_range",
     "quantize",
     "quantize_into_slots",
     "places_natively",
@@ -187,13 +189,24 @@ def outside_window(previous: torch.Tensor, agreed: torch.Tensor, raise_by: int, 
     return held & ((e > g) | (g > e + slack))
 
 
+def changed_counts(previous: torch.Tensor, agreed: torch.Tensor, raise_by: int,
+                   slack: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(blocks holding a value in both calls, those among them :func:`outside_window`) as 0-d
+    int64 tensors on the exponents' device: ``moved / held`` is the fraction of blocks a guess from
+    ``previous`` would have redone (recorded in the history; read with the call's other figures)."""
+    held = (agreed != EMPTY_EXPONENT) & (previous != EMPTY_EXPONENT)
+    return held.sum(), outside_window(previous, agreed, raise_by, slack).sum()
+
+
 def _block_factors(shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per block, two exact power-of-two factors whose product is ``2**shift`` (clamped to
     ``+-2000``): ``x * f1 * f2`` is exact while the result is a normal number.  The second is
-    ``None`` where it is 1 in every block (multiplying by 1.0 changes nothing)."""
+    ``None`` where it is 1 in every block (multiplying by 1.0 changes nothing); on a device it is
+    always given (one multiplication more costs less than reading whether it is needed)."""
     first = shift.clamp(-1000, 1000)
     rest = (shift - first).clamp(-1000, 1000)
-    return _pow2(first), (_pow2(rest) if bool(rest.any()) else None)
+    needed = not _hostops.reads_free(rest) or bool(rest.any())
+    return _pow2(first), (_pow2(rest) if needed else None)
 
 
 def _scale_by_block(x: torch.Tensor, blk: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -248,11 +261,13 @@ def quantize_into_slots(idx: torch.Tensor, values: torch.Tensor, exponents: torc
                              float(2**p - 1), words.numpy(), out.numpy())
 
 
-def dequantize(idx: torch.Tensor, sums: torch.Tensor, exponents: torch.Tensor, block_size: int, world_size: int, dtype: torch.dtype) -> torch.Tensor:
-    """Combined int32 grid sums at positions ``idx`` -> values of ``dtype`` (one final rounding)."""
+def dequantize(idx: torch.Tensor, sums: torch.Tensor, exponents: torch.Tensor, block_size: int, world_size: int,
+               dtype: torch.dtype, in_range: bool | None = None) -> torch.Tensor:
+    """Combined int32 grid sums at positions ``idx`` -> values of ``dtype`` (one final rounding);
+    ``in_range`` as :func:`float32_factors`."""
     shift = _dequantize_shift(exponents, world_size)
     blk = _block_of(idx, block_size)
-    factor = float32_factors(exponents, world_size, shift) if dtype == torch.float32 else None
+    factor = float32_factors(exponents, world_size, shift, in_range) if dtype == torch.float32 else None
     if factor is not None:
         return sums.to(torch.float32) * factor.index_select(0, blk)
     return _scale_by_block(sums.to(torch.float64), blk, shift).to(dtype)
@@ -264,7 +279,15 @@ def _dequantize_shift(exponents: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - precision_bits(world_size))
 
 
-def float32_factors(exponents: torch.Tensor, world_size: int, shift: torch.Tensor | None = None) -> torch.Tensor | None:
+def float32_in_range(exponents: torch.Tensor, world_size: int) -> torch.Tensor:
+    """0-d bool tensor: whether :func:`float32_factors` gives factors (every block's decoding
+    scale inside float32's normal range), computed where the exponents are, unread."""
+    shift = _dequantize_shift(exponents, world_size)
+    return ((shift >= -126) & (shift <= 96)).all()
+
+
+def float32_factors(exponents: torch.Tensor, world_size: int, shift: torch.Tensor | None = None,
+                    in_range: bool | None = None) -> torch.Tensor | None:
     """Per block, the float32 power of two that turns an int32 grid sum into its float32 result
     (``float32(sum) * factor``), or ``None`` when some block's scale leaves float32's normal range
     (then only float64 scaling and one rounding give the exact float32).
@@ -272,10 +295,12 @@ def float32_factors(exponents: torch.Tensor, world_size: int, shift: torch.Tenso
     Every nonzero result |sum| * 2**shift (1 <= |sum| < 2**31) with shift in [-126, 96] is a normal
     float32: rounding the sum to float32 once and scaling by an exact power of two gives the same
     float32 as scaling exactly in float64 and rounding once (round-to-nearest-even commutes with
-    2**k)."""
+    2**k).  ``in_range``: :func:`float32_in_range`'s value where the caller read it already."""
     if shift is None:
         shift = _dequantize_shift(exponents, world_size)
-    if not bool(((shift >= -126) & (shift <= 96)).all()):
+    if in_range is None:
+        in_range = bool(((shift >= -126) & (shift <= 96)).all())
+    if not in_range:
         return None
     return _pow2(shift, torch.float32)
 

@@ -28,7 +28,8 @@ import torch
 from . import _native
 
 __all__ = ["nonzero_positions", "nonzeros_and_bitmap", "nonzero_word_bitmap", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "decode_into_",
-           "decode_bits_into_", "count_set_bits", "select_by_bits", "place_by_bits", "scatter_", "gather"]
+           "decode_bits_into_", "count_set_bits", "select_by_bits", "place_by_bits", "scatter_", "gather",
+           "reads_free", "nonzero_bitmap", "set_bit_count"]
 
 _CHUNK = 1 << 20  #: elements per chunk of the nonzero scan (its bool buffer stays in cache)
 
@@ -39,6 +40,13 @@ _DIRECT = {torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8,
 
 def _host(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad
+
+
+def reads_free(t: torch.Tensor) -> bool:
+    """Whether reading ``t``'s values on the host costs no device synchronisation (a CPU tensor).
+    Where it does (CUDA), the codec batches what it must read into one transfer per round and
+    makes no read it can avoid: sizes it already knows, checks it can fold into arithmetic."""
+    return t.device.type == "cpu"
 
 
 def nonzero_positions(flat: torch.Tensor) -> torch.Tensor:
@@ -144,21 +152,24 @@ def nonzero_word_bitmap(words: torch.Tensor) -> torch.Tensor:
     """int32 bitmap (bit ``j % 32`` of word ``j // 32``) of the nonzero entries of 1-D ``words``:
     ``bitmap_of(nonzero_positions(words), words.numel())``; on CPU one compare and ``np.packbits``."""
     if not _host(words):
-        return bitmap_of(nonzero_positions(words), words.numel())
+        return nonzero_bitmap(words)
     packed = _bitmap_bytes(words.numel())
     row = np.packbits(words.numpy() != 0, bitorder="little")
     packed[: row.size] = row
     return torch.from_numpy(packed.view(np.int32))
 
 
-def set_bit_positions(words: torch.Tensor) -> torch.Tensor:
+def set_bit_positions(words: torch.Tensor, count: int | None = None) -> torch.Tensor:
     """Sorted int64 positions of the set bits of int32 bitmap ``words`` (bit ``i % 32`` of word
     ``i // 32``).  Only nonzero bytes are expanded: O(words + 8 * nonzero bytes); where most bytes
     are nonzero (a union of a few % of the elements and up), every bit is listed in one pass
     instead, which skips the byte gather and the position arithmetic (measured, 2**23 elements:
-    35 -> 6 ms at 88% nonzero bytes; 3.3 ms either way below 20%)."""
+    35 -> 6 ms at 88% nonzero bytes; 3.3 ms either way below 20%).
+
+    ``count``, the number of set bits where the caller knows it, lets a device tensor's bits be
+    listed without a synchronisation (``torch.nonzero_static``)."""
     if not _host(words):
-        return _set_bit_positions_torch(words)
+        return _set_bit_positions_torch(words) if count is None else _set_bits_counted(words, count)
     if _native.AVAILABLE and words.dtype == torch.int32:
         return torch.from_numpy(_native.set_bits32(words.numpy()))
     as_bytes = words.numpy().view(np.uint8)
@@ -184,7 +195,48 @@ def _set_bit_positions_torch(words: torch.Tensor) -> torch.Tensor:
     return nz[byte_idx] * 8 + bit
 
 
+def _set_bits_counted(words: torch.Tensor, count: int) -> torch.Tensor:
+    """:func:`_set_bit_positions_torch` of ``words`` holding ``count`` set bits, listed without
+    reading the device: every bit expanded to a byte (little-endian: position ``8 * byte + bit``)."""
+    as_bytes = words.contiguous().view(torch.uint8)
+    bits = (as_bytes.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8, device=words.device)) & 1
+    return torch.nonzero_static(bits.view(-1), size=count).squeeze(1)
+
+
+def nonzero_bitmap(flat: torch.Tensor) -> torch.Tensor:
+    """int32 bitmap words of the nonzero elements of 1-D ``flat`` (``-0.0`` counts as zero, NaN as
+    nonzero): ``bitmap_of(nonzero_positions(flat), flat.numel())`` without listing the positions
+    (on a device, no synchronisation: a mask packed eight elements to a byte)."""
+    if _host(flat):
+        return nonzeros_and_bitmap(flat)[2]
+    n = flat.numel()
+    mask = torch.zeros(32 * -(-n // 32), dtype=torch.bool, device=flat.device)
+    torch.ne(flat, 0, out=mask[:n])
+    weights = _constant(_BIT_WEIGHTS, flat.device)
+    packed = (mask.view(-1, 8).view(torch.uint8) * weights).sum(dim=1, dtype=torch.uint8)
+    return packed.view(torch.int32)
+
+
+def set_bit_count(words: torch.Tensor) -> torch.Tensor:
+    """The number of set bits of int32 bitmap ``words`` as a 0-d int64 tensor on their device (no
+    host read: :func:`count_set_bits` is its value)."""
+    as_bytes = words.contiguous().view(torch.uint8).to(torch.int64)
+    return _constant(BYTE_BITS, words.device)[as_bytes].sum()
+
+
 BYTE_BITS = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int64)  #: set bits of each byte value
+_BIT_WEIGHTS = torch.tensor([1 << j for j in range(8)], dtype=torch.uint8)  #: bit j of a byte
+_CONSTANTS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _constant(table: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``table`` (a constant of this module) on ``device``, copied there once."""
+    if device.type == "cpu":
+        return table
+    key = (id(table), device)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = table.to(device)
+    return _CONSTANTS[key]
 
 
 def bit_ranks(words: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -205,7 +257,7 @@ def bit_ranks(words: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         out += np.bitwise_count(below)
         return torch.from_numpy(out)
     as_bytes = words.contiguous().view(torch.uint8).to(torch.int64)
-    table = BYTE_BITS.to(words.device)
+    table = _constant(BYTE_BITS, words.device)
     per_word = table[as_bytes].view(-1, 4).sum(dim=1)
     before = torch.cumsum(per_word, 0) - per_word
     wi = positions >> 5
@@ -245,7 +297,7 @@ def count_set_bits(words: torch.Tensor) -> int:
     if _native.AVAILABLE and _host(words) and words.dtype == torch.int32:
         return _native.count_bits32(words.numpy())
     as_bytes = words.contiguous().view(torch.uint8).to(torch.int64)
-    return int(BYTE_BITS.to(words.device)[as_bytes].sum())
+    return int(_constant(BYTE_BITS, words.device)[as_bytes].sum())
 
 
 def decode_bits_into_(out: torch.Tensor, words: torch.Tensor, sums: torch.Tensor, factor: torch.Tensor,
@@ -260,12 +312,12 @@ def decode_bits_into_(out: torch.Tensor, words: torch.Tensor, sums: torch.Tensor
     decode_into_(out, set_bit_positions(words), sums, factor, block_size)
 
 
-def select_by_bits(src: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def select_by_bits(src: torch.Tensor, mask: torch.Tensor, count: int | None = None) -> torch.Tensor:
     """``gather(src, set_bit_positions(mask))`` for 1-D int32 ``src`` and an int32 bitmap ``mask``
     of its elements (no bit set past ``src``): on CPU one native pass, the positions never listed."""
     if _native.AVAILABLE and _host(src) and _host(mask) and src.dtype == mask.dtype == torch.int32:
         return torch.from_numpy(_native.select_bits32(mask.numpy(), src.numpy()))
-    return gather(src, set_bit_positions(mask))
+    return gather(src, set_bit_positions(mask, count))
 
 
 def place_by_bits(vals: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor:
@@ -274,7 +326,7 @@ def place_by_bits(vals: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tenso
     if _native.AVAILABLE and _host(vals) and _host(mask) and vals.dtype == mask.dtype == torch.int32:
         return torch.from_numpy(_native.place_bits32(mask.numpy(), vals.numpy(), n))
     out = torch.zeros(n, dtype=torch.int32, device=vals.device)
-    scatter_(out, set_bit_positions(mask), vals)
+    scatter_(out, set_bit_positions(mask, vals.numel()), vals)  # one value per set bit
     return out
 
 

@@ -54,7 +54,7 @@ from collections.abc import Generator, Hashable
 
 import torch
 
-from . import _bitmap, _descriptor, _fixedpoint, _sketch
+from . import _bitmap, _descriptor, _fixedpoint, _hostops, _sketch
 from ._config import CodecConfig, check_scheme
 from .._errors import ProtocolError
 from ._history import Agreed, History
@@ -139,13 +139,14 @@ def run(w: Worker, scheme: str, stats: WorkerStats, history: History | None = No
     sent for an input that :class:`Worker` refused)."""
     slot = _slot(w, key)
     prior = history.get(slot) if history is not None else None
+    w.prior = prior.exponents if prior is not None else None
     _prepare(w, scheme, prior)
     body = _first_call(w, scheme, stats) if prior is None else _steady(w, scheme, stats, prior)
     flat = yield from _described(body, w, scheme, stats)
     if history is not None:
         agreed = w.agreed if w.agreed is not None else w.exponents
-        history.put(slot, Agreed(agreed, w.union, _changed(prior, agreed, *w.window()), w.listed_nnz,
-                                 prior.changed if prior is not None else 0.0))
+        changed = w.changed if w.changed is not None else _changed(prior, agreed, *w.window())
+        history.put(slot, Agreed(agreed, w.union, changed, w.listed_nnz, prior.changed if prior is not None else 0.0))
     return flat
 
 
@@ -156,10 +157,8 @@ def _changed(prior: Agreed | None, agreed: torch.Tensor | None, raise_by: int, s
     are)."""
     if prior is None or prior.exponents is None or agreed is None or prior.exponents.shape != agreed.shape:
         return 0.0
-    held = (agreed != _fixedpoint.EMPTY_EXPONENT) & (prior.exponents != _fixedpoint.EMPTY_EXPONENT)
-    n = int(held.sum())
-    moved = _fixedpoint.outside_window(prior.exponents, agreed, raise_by, slack)
-    return float(moved.sum()) / n if n else 0.0
+    held, moved = (int(c) for c in _fixedpoint.changed_counts(prior.exponents, agreed, raise_by, slack))
+    return moved / held if held else 0.0
 
 
 def _guess_pays(w: Worker, prior: Agreed) -> bool:
@@ -178,7 +177,8 @@ def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats) -> Pr
         first = next(body)
     except StopIteration as stop:  # a protocol that needed no round
         return stop.value
-    head = _descriptor.describe(w.numel, w.dtype, scheme, w.world_size, first, w.device)
+    # the descriptor's words stay on the host whatever the input's device: checking them reads no device
+    head = _descriptor.describe(w.numel, w.dtype, scheme, w.world_size, first, torch.device("cpu"))
     stats.bytes_per_stream[head.name] += 4 * head.length
     combined = yield [head, *first]
     if not combined:
@@ -211,8 +211,9 @@ def _prepare(w: Worker, scheme: str, prior: Agreed | None) -> None:
         w.nnz_hint = prior.local_nnz + prior.local_nnz // 8 + 1024
     if scheme == "auto" and prior is not None:
         scheme = choose(w.numel, float(prior.union), w.limbs, w.cfg)
-    if scheme in ("compact", "sketch"):
-        w.idx  # noqa: B018 - built first: the exponents then cost O(nnz), not a dense pass
+    if scheme == "sketch" or (scheme == "compact" and not w.device_path):
+        w.idx  # noqa: B018 - built first: the exponents then cost O(nnz), not a dense pass (a device's
+        # compact lists no local nonzeros: its words are gathered at the union's positions)
     w.local_exponents  # noqa: B018 - computed (and the input checked) now
 
 
@@ -270,15 +271,17 @@ def _dense(w: Worker, stats: WorkerStats, guess: torch.Tensor | None = None) -> 
     streams.append(w.dense_stream())
     combined = yield from exchange(streams, stats)
     sums = combined[-1].reshape(-1, w.limbs)
-    if guess is not None:
-        bad = w.settle(combined[0], combined[1])
-        if bool(bad.any()):
-            redo = w.block_positions(bad)
-            stats.redos += 1
-            stats.redone += redo.numel()
-            (fixed,) = yield from exchange([Stream("redo", CombineOp.ADD, w.dense_values(bad))], stats)
-            sums[redo] = fixed.reshape(-1, w.limbs)
-    return w.dense_result(sums)
+    bad = w.settle(combined[0], combined[1]) if guess is not None else None
+    known = w.read_dense(sums, bad)  # one read: whether to redo, and what decoding needs
+    if known["redo"]:
+        assert bad is not None
+        redo = w.block_positions(bad)
+        stats.redos += 1
+        stats.redone += redo.numel()
+        (fixed,) = yield from exchange([Stream("redo", CombineOp.ADD, w.dense_values(bad))], stats)
+        sums[redo] = fixed.reshape(-1, w.limbs)
+        known = {}  # figures of the sums before the redo
+    return w.dense_result(sums, known)
 
 
 def _compact(w: Worker, stats: WorkerStats, levels: int, exponents_done: bool = False) -> Protocol:
@@ -292,13 +295,21 @@ def _compact(w: Worker, stats: WorkerStats, levels: int, exponents_done: bool = 
         combined = w.set_exponents(combined)
     words = combined[0]
     if levels == 2:  # the union's nonzero bitmap words are known (the set bits of ``words``): combine only those
-        held = Stream("bitmap", CombineOp.OR, _bitmap.select_words(local, words))
+        count = w.fetch(held=_hostops.set_bit_count(words))["held"] if w.device_path else None
+        held = Stream("bitmap", CombineOp.OR, _bitmap.select_words(local, words, count))
         (selected,) = yield from exchange([held], stats)
         words = _bitmap.place_words(selected, words, local.numel())
-    w.union = _bitmap.popcount(words)
+    in_range = None
+    if w.device_path:  # one read: the union's size (the values stream's length) and the decoding's range
+        ranged = {"in_range": _fixedpoint.float32_in_range(w.exponents, w.world_size)} if (
+            w.dtype == torch.float32 and w.exponents is not None) else {}
+        known = w.fetch(union=_hostops.set_bit_count(words), **ranged)
+        w.union, in_range = known["union"], (bool(known["in_range"]) if ranged else None)
+    else:
+        w.union = _bitmap.popcount(words)
     (sums,) = yield from exchange([Stream("values", CombineOp.ADD, w.union_values(words, w.union).reshape(-1))],
                                   stats)
-    return w.result_at_bits(words, sums.reshape(-1, w.limbs))
+    return w.result_at_bits(words, sums.reshape(-1, w.limbs), in_range)
 
 
 def _words(values: list[int], device: torch.device) -> torch.Tensor:

@@ -65,6 +65,14 @@ class Worker:
             # In place: the result overwrites the input, whose zeros outside the union already hold.
             if inplace and self.flat.data_ptr() == tensor.data_ptr() and tensor.is_contiguous():
                 self.target = self.flat
+        #: a dense input whose values the host reads only at a synchronisation (CUDA): the codec
+        #: lists no local nonzeros for compact, and reads what it must once per round (:meth:`fetch`)
+        self.device_path = self.flat is not None and not _hostops.reads_free(self.flat)
+        self._union_positions: torch.Tensor | None = None  # the union's positions (device compact)
+        #: the previous call's agreed exponents (history), and the fraction of blocks a guess from
+        #: them redid, once :meth:`fetch` read it (else the protocol computes it at the end)
+        self.prior: torch.Tensor | None = None
+        self.changed: float | None = None
         self._local_exponents: torch.Tensor | None = None
         self.exponents: torch.Tensor | None = None
         #: the fresh agreed (largest local) exponents where they differ from :attr:`exponents`
@@ -94,6 +102,9 @@ class Worker:
     @property
     def bitmap(self) -> torch.Tensor:
         """int32 nonzero bitmap words of :attr:`idx` (:func:`homagg.codec._bitmap.pack_positions`)."""
+        if self._bitmap is None and self._idx is None and self.device_path:
+            assert self.flat is not None  # packed from the input: no positions listed, no host read
+            self._bitmap = _hostops.nonzero_bitmap(self.flat)
         if self._bitmap is None:
             idx = self.idx  # a dense input's scan packs the bitmap too
             if self._bitmap is None:
@@ -190,17 +201,32 @@ class Worker:
         exponent their sums decode with), the others take the agreed ``fresh`` exponents.
 
         Returns the bool mask of blocks to redo (contributors guessed differently, or outside the
-        window); the local words are re-quantised only when there is such a block.  ``fresh``
-        (the largest local exponents) is what the next call's guess starts from (:attr:`agreed`).
+        window), unread.  The words are re-quantised under the exponents used, when next asked
+        for: in every block that stands they are the words sent (each contributor guessed the
+        common exponent there), so only a redo or repair round asks.  ``fresh`` (the largest local
+        exponents) is what the next call's guess starts from (:attr:`agreed`).
         """
         bad = _fixedpoint.mismatched_blocks(fresh, max_negated_guess, self.window()[1])
-        used = _fixedpoint.decode_exponents(fresh, max_negated_guess, bad)
         self.agreed = fresh
-        if bool(bad.any()):
-            self.quantize(used)
-        else:
-            self.exponents = used  # every contributor's guess wherever a value lies: words stay valid
+        self.quantize(_fixedpoint.decode_exponents(fresh, max_negated_guess, bad))
         return bad
+
+    def fetch(self, **scalars: torch.Tensor) -> dict[str, int]:
+        """The values of 0-d integer or bool tensors, read in one transfer (one synchronisation
+        on a device).  With them, once this call's exponents are agreed and it has a previous
+        call (:attr:`prior`), the counts behind :attr:`changed`."""
+        names, values = list(scalars), [v.reshape(()).to(torch.int64) for v in scalars.values()]
+        agreed = self.agreed if self.agreed is not None else self.exponents
+        counts = (self.changed is None and self.prior is not None and agreed is not None
+                  and self.prior.shape == agreed.shape)
+        if counts:
+            assert self.prior is not None and agreed is not None
+            values += _fixedpoint.changed_counts(self.prior, agreed, *self.window())
+        read = torch.stack(values).tolist() if values else []
+        if counts:
+            held, moved = read[-2:]
+            self.changed = moved / held if held else 0.0
+        return dict(zip(names, read, strict=False))
 
     def nnz(self) -> int:
         """Local nonzeros (counted without building the index list when it does not exist yet)."""
@@ -246,6 +272,8 @@ class Worker:
         search, each local word's slot counted from the bitmap (:func:`homagg.codec._hostops.bit_ranks`);
         for floats on CPU, quantised straight into the slots in one native pass
         (:func:`homagg.codec._fixedpoint.quantize_into_slots`, bit for bit the same words)."""
+        if self._idx is None and self.device_path:
+            return self._union_words(words, union_size)
         out = torch.zeros((union_size, self.limbs), dtype=torch.int32, device=self.device)
         if self.idx.numel():
             assert self._quantized, "quantize() first"
@@ -262,6 +290,21 @@ class Worker:
             else:
                 out[slot] = self.grid
         return out
+
+    def _union_words(self, words: torch.Tensor, union_size: int) -> torch.Tensor:
+        """:meth:`union_values` of a device input with no listed nonzeros: this worker's values
+        gathered at the union's positions (zero where it holds none; the union holds all it
+        does) and quantised there, the same words as at its own positions; the positions are
+        kept for the result (:meth:`result_at_bits`)."""
+        assert self.flat is not None and self._quantized, "quantize() first"
+        positions = _hostops.set_bit_positions(words, union_size)
+        self._union_positions = positions
+        values = self.flat.index_select(0, positions)
+        if self.is_float:
+            assert self.exponents is not None
+            return _fixedpoint.quantize(positions, values.to(torch.float64), self.exponents, self.cfg.block_size,
+                                        self.world_size).unsqueeze(1)
+        return _fixedpoint.to_limbs(values, self.limbs)
 
     def dense_values(self, blocks: torch.Tensor | None = None) -> torch.Tensor:
         """Flat int32 words of every element (of the blocks flagged in ``blocks``, if given)."""
@@ -305,8 +348,24 @@ class Worker:
                                           self.world_size, self.dtype)
         return _fixedpoint.from_limbs(sums, self.dtype)
 
-    def dense_result(self, sums: torch.Tensor) -> torch.Tensor:
-        """Result from the combined words of *every* element (``sums``: (numel, L))."""
+    def read_dense(self, sums: torch.Tensor, bad: torch.Tensor | None) -> dict[str, int]:
+        """After a dense round: ``redo`` (whether a block in ``bad`` must be redone) and, for a
+        device input, what :meth:`dense_result` would read (the union's size, the float32
+        decoding's range), with :meth:`fetch`'s history counts: one read."""
+        redo = bad.any() if bad is not None else torch.zeros((), dtype=torch.bool, device=sums.device)
+        if not self.device_path:
+            return {"redo": int(bool(redo))}
+        union = torch.count_nonzero(sums.any(dim=1) if self.limbs > 1 else sums)
+        if self.dtype != torch.float32:
+            return self.fetch(redo=redo, union=union)
+        assert self.exponents is not None
+        return self.fetch(redo=redo, union=union, float32_path=_blocks.decodes_in_float32(self.exponents,
+                                                                                         self.world_size))
+
+    def dense_result(self, sums: torch.Tensor, known: dict[str, int] | None = None) -> torch.Tensor:
+        """Result from the combined words of *every* element (``sums``: (numel, L)); ``known``:
+        :meth:`read_dense`'s figures of these sums, where read."""
+        known = known or {}
         if self.like is not None:
             nonzero = torch.nonzero(sums.any(dim=1)).squeeze(1)
             self.union = nonzero.numel()
@@ -315,30 +374,40 @@ class Worker:
         counted = None  # the native float32 kernel counts the nonzero sums while it decodes them
         if self.is_float:
             assert self.exponents is not None
+            path = known.get("float32_path")
             counted = _blocks.dequantize_into(out, sums.reshape(-1), self.exponents, self.world_size,
-                                              self.cfg.block_size)
+                                              self.cfg.block_size, None if path is None else bool(path))
         else:
             out.copy_(_fixedpoint.from_limbs(sums, self.dtype))
-        self.union = counted if counted is not None and self.limbs == 1 else int(
-            torch.count_nonzero(sums.any(dim=1) if self.limbs > 1 else sums))
+        if "union" in known:
+            self.union = known["union"]
+        else:
+            self.union = counted if counted is not None and self.limbs == 1 else int(
+                torch.count_nonzero(sums.any(dim=1) if self.limbs > 1 else sums))
         return out
 
-    def result_at_bits(self, words: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+    def result_at_bits(self, words: torch.Tensor, sums: torch.Tensor, in_range: bool | None = None) -> torch.Tensor:
         """:meth:`result` at the set bits of the OR-combined bitmap ``words`` (``sums``: one row
         per set bit, in order); a dense float32 result is decoded from the bitmap in one pass,
-        without listing the positions (:func:`homagg.codec._hostops.decode_bits_into_`)."""
+        without listing the positions (:func:`homagg.codec._hostops.decode_bits_into_`), or at
+        the union's positions where :meth:`union_values` listed them.  ``in_range``: as
+        :func:`homagg.codec._fixedpoint.float32_factors`."""
+        positions = self._union_positions
         if self.like is None and self.dtype == torch.float32 and self.limbs == 1:
             assert self.exponents is not None
-            factor = _fixedpoint.float32_factors(self.exponents, self.world_size)
+            factor = _fixedpoint.float32_factors(self.exponents, self.world_size, in_range=in_range)
             if factor is not None:
                 out = self.target
                 if out is None:
                     out = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
-                _hostops.decode_bits_into_(out, words, sums[:, 0].contiguous(), factor, self.cfg.block_size)
+                if positions is not None:
+                    _hostops.decode_into_(out, positions, sums[:, 0].contiguous(), factor, self.cfg.block_size)
+                else:
+                    _hostops.decode_bits_into_(out, words, sums[:, 0].contiguous(), factor, self.cfg.block_size)
                 return out
-        return self.result(_bitmap.unpack_positions(words), sums)
+        return self.result(_bitmap.unpack_positions(words) if positions is None else positions, sums, in_range)
 
-    def result(self, positions: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+    def result(self, positions: torch.Tensor, sums: torch.Tensor, in_range: bool | None = None) -> torch.Tensor:
         """Result holding the combined ``sums`` (U, L) at ``positions`` (which cover every local
         nonzero), zero elsewhere.
 
@@ -356,7 +425,7 @@ class Worker:
             factor = None
             if self.dtype == torch.float32:
                 assert self.exponents is not None
-                factor = _fixedpoint.float32_factors(self.exponents, self.world_size)
+                factor = _fixedpoint.float32_factors(self.exponents, self.world_size, in_range=in_range)
             if factor is not None:  # decoded straight into the result (what decode + scatter_ give)
                 _hostops.decode_into_(out, positions, sums[:, 0].contiguous(), factor, self.cfg.block_size)
             else:

@@ -25,7 +25,8 @@ import torch
 import homagg
 from homagg.bench._syncs import HostReads, cuda_syncs, device_paths
 from homagg.codec import _hostops, _native
-from homagg.testing import check_within_bound, local_allreduce, sparse_tensors
+from homagg.codec._pipeline import HOST_SEGMENT
+from homagg.testing import check_within_bound, local_allreduce, run_local, sparse_tensors
 from homagg.transport import InProcessSwitch
 
 SCHEMES = homagg.SCHEMES
@@ -222,3 +223,12 @@ def test_steady_state_call_synchronises_at_most_twice(device: str, scheme: str, 
     options = {} if levels is None else {"bitmap_levels": levels}
     count, sites = steady_syncs(device, scheme, 300_000, **options)
     assert count <= STEADY_SYNCS[(scheme, levels)], f"{count} host reads: {dict(sites)}"
+
+
+def test_a_large_device_tensor_is_one_segment_by_default(device: str) -> None:
+    """Above the CPU's segment size a device tensor still takes two host reads per steady call:
+    it is not cut into segments (each would read twice), unless ``segment`` says so."""
+    count, sites = steady_syncs(device, "dense", HOST_SEGMENT + 4096)
+    assert count <= 2, f"{count} host reads: {dict(sites)}"
+    run = run_local([x.to(device) for x in sparse_tensors(2, HOST_SEGMENT + 4096, 0.001, seed=2)], "dense")
+    assert run.stats[0].segments == 0

@@ -52,7 +52,12 @@ class CodecConfig:
                      without history; a redo round whenever a block's exponent moves).
     segment          elements per pipelined segment of a large dense tensor (rounded down to a
                      multiple of block_size; 0: never segment).  Segments stream through the
-                     switch while earlier ones encode/decode; results are bit-identical.
+                     switch while earlier ones encode/decode; results are bit-identical.  None
+                     (default): 2**23 for CPU tensors, 0 for device (CUDA) tensors, whose encoding
+                     runs asynchronously on the device: segments would only add their host reads
+                     (two per segment in steady state) and launches.  Every worker of a call must
+                     segment alike: a job mixing CPU and CUDA tensors sets it explicitly (else its
+                     ranks disagree about the call and raise ``RankMismatchError``).
     """
 
     block_size: int = 1024
@@ -65,7 +70,7 @@ class CodecConfig:
     dense_ns: float = 2.0
     compact_ns: float = 20.0
     seed: int = 0x5EED
-    segment: int = 1 << 23
+    segment: int | None = None
     bitmap_levels: int | None = None
     guess_window: bool = True
 
@@ -76,8 +81,8 @@ class CodecConfig:
             raise ConfigError(f"sketch_overhead must be >= 1.0, got {self.sketch_overhead!r}")
         if self.sketch_cells is not None and (not isinstance(self.sketch_cells, int) or self.sketch_cells < 3):
             raise ConfigError(f"sketch_cells must be an int >= 3, got {self.sketch_cells!r}")
-        if not isinstance(self.segment, int) or self.segment < 0:
-            raise ConfigError(f"segment must be an int >= 0, got {self.segment!r}")
+        if self.segment is not None and (not isinstance(self.segment, int) or self.segment < 0):
+            raise ConfigError(f"segment must be an int >= 0 or None (by device), got {self.segment!r}")
         if not isinstance(self.union_sample, int) or self.union_sample < 1:
             raise ConfigError(f"union_sample must be a positive int, got {self.union_sample!r}")
         if self.bitmap_levels not in (None, 1, 2) or isinstance(self.bitmap_levels, bool):

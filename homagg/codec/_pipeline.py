@@ -35,14 +35,19 @@ from ._stats import WorkerStats
 from ._worker import Worker
 from ..transport import SwitchPort
 
-__all__ = ["DEPTH", "segment_length", "allreduce_segments"]
+__all__ = ["DEPTH", "HOST_SEGMENT", "segment_length", "allreduce_segments"]
 
 DEPTH = 3  #: segments in flight: rounds of two on the wire (or at the switch) while the caller encodes/decodes a third
 
 
-def segment_length(numel: int, cfg: CodecConfig) -> int:
-    """Elements per segment (a multiple of the block size), or 0 when the tensor is one segment."""
-    seg = cfg.segment // cfg.block_size * cfg.block_size
+HOST_SEGMENT = 1 << 23  #: elements per segment of a CPU tensor when ``cfg.segment`` is None
+
+
+def segment_length(numel: int, cfg: CodecConfig, host: bool = True) -> int:
+    """Elements per segment (a multiple of the block size), or 0 when the tensor is one segment;
+    ``host``: whether the tensor is a CPU tensor (``cfg.segment`` None segments only those)."""
+    segment = cfg.segment if cfg.segment is not None else (HOST_SEGMENT if host else 0)
+    seg = segment // cfg.block_size * cfg.block_size
     return seg if 0 < seg < numel else 0
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from . import _hostops
 from ._config import CodecConfig
 from ._history import History
 from ._pipeline import allreduce_segments, segment_length
@@ -42,13 +43,14 @@ def allreduce(
     and sketch then take one round (plus a rare redo/repair round), compact two.  The result is
     bit-identical with or without history.
 
-    A dense-layout tensor larger than ``segment`` elements streams through the switch in
-    segments, encoding and decoding overlapped with the transfer (:mod:`homagg.codec._pipeline`).
+    A dense-layout tensor larger than ``segment`` elements (by default: a CPU tensor larger than
+    2**23) streams through the switch in segments, encoding and decoding overlapped with the
+    transfer (:mod:`homagg.codec._pipeline`).
     """
     cfg = config if config is not None else CodecConfig.from_options(options)
     stats = stats if stats is not None else WorkerStats()
     stats.calls += 1
-    seg = segment_length(tensor.numel(), cfg) if tensor.layout == torch.strided else 0
+    seg = segment_length(tensor.numel(), cfg, _hostops.reads_free(tensor)) if tensor.layout == torch.strided else 0
     if seg:  # large dense-layout tensor: pipelined segments, written in place into ``out``
         out = tensor if inplace and tensor.is_contiguous() else tensor.detach().clone(memory_format=torch.contiguous_format)
         allreduce_segments(out.view(-1), port, scheme, cfg, stats, history, key, seg)

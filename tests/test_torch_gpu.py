@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from homagg.testing import check_within_bound
+from homagg.testing import check_within_bound, error_bound
 
 sys.path.insert(0, str(Path(__file__).parent / "_dist_scripts"))
 from _ddp_model import reference  # noqa: E402
@@ -33,7 +33,12 @@ def test_cuda_allreduce_and_ddp() -> None:
         got = res["allreduce_cuda"]
         assert got["device"] == got["expected_device"] and got["in_place"], got
         inputs = [make_input(r, got["input"]) for r in range(WORLD)]
-        check_within_bound(tensor_from_json(got["result"]), inputs)
+        result, gloo = tensor_from_json(got["result"]), tensor_from_json(got["gloo_result"])
+        check_within_bound(result, inputs)
+        assert bool(((result - gloo).abs() <= error_bound(inputs)).all()), "homagg vs gloo beyond the bound"
         params = tensor_from_json(res["ddp_cuda"]["params"])
+        assert res["ddp_cuda"]["device"] == str(got["expected_device"])
         err = float((params - want_params).abs().max())
         assert err <= 1e-5, f"rank {rank}: max |CUDA DDP - one-process replay| = {err}"
+        gloo_err = float((params - tensor_from_json(res["ddp_cuda_gloo"]["params"])).abs().max())
+        assert gloo_err <= 1e-5, f"rank {rank}: max |homagg CUDA DDP - gloo CUDA DDP| = {gloo_err}"

@@ -15,8 +15,12 @@ same wire) and performs each operation with :class:`homagg.p4.Controller` (``add
 * ``register``: adds the worker to the job and writes the job's entries for the workers registered
   so far (admission with the job's token, result rewrite, multicast replicas), always with the
   epoch chosen at admission, so registering one worker does not reset the cells of another.
-* ``remove``, ``status`` (drop counters, packets per source), ``group`` (none: results come back
-  by unicast), ``ping``; ``slot`` answers an error (PI cannot read registers).
+* ``status``: the agent's jobs (the switch holds what the agent wrote since it last saw the switch
+  start) and, read over P4Runtime, drop counters and packets per source; with ``jobs_only`` the
+  jobs alone, without a P4Runtime session (a worker's liveness probe asks this once a second
+  while a round stalls: :mod:`homagg.transport._liveness`).
+* ``remove``, ``group`` (none: results come back by unicast), ``ping``; ``slot`` answers an error
+  (PI cannot read registers).
 
 Liveness: the agent runs beside the switch, as a switch's local agent does, and its control port
 is open only while the switch runs: a watchdog sees ``simple_switch_grpc`` exit and closes the
@@ -28,7 +32,9 @@ say): then a worker notices the crash only at its progress timeout, and a re-adm
 while the switch is still down fails at the switch (``admit`` answers an error) and is retried.
 
 Invariants: requests are served one at a time (a lock); jobs never share slots; a job id is not
-reused while the agent runs; an error comes back as ``{"ok": false, "error": ...}``, never raises.
+reused while the agent runs; an error comes back as ``{"ok": false, "error": ...}``, never raises;
+``p4runtime_sessions`` counts the P4Runtime sessions the agent opened (one per request that writes
+or reads the switch, none for ``ping``, ``group`` and ``status`` with ``jobs_only``).
 """
 
 from __future__ import annotations
@@ -77,8 +83,10 @@ class Bmv2ControlAgent:
         self.node, self.cfg, self.listen, self.secret = node, cfg, listen, secret
         self.data_port, self.watch_s, self.gate = data_port, watch_s, gate
         self.p4info = None if built is None else built.p4info
+        self.bmv2_json = None if built is None else built.json
         self.pool = p4_constants()["SLOT_POOL_SIZE"].value
         self.jobs: dict[int, _Job] = {}
+        self.p4runtime_sessions = 0  #: P4Runtime sessions opened (see the module docstring)
         self.events: list[dict[str, Any]] = []  #: {"t", "what"}: port opened/closed, jobs admitted/removed
         self._next_id = 1
         self._lock = threading.Lock()
@@ -155,7 +163,8 @@ class Bmv2ControlAgent:
     def _controller(self) -> Any:
         from homagg.p4 import Controller
 
-        return Controller(self.cfg.grpc, self.cfg.device_id, p4info=self.p4info, timeout=2.0)
+        self.p4runtime_sessions += 1
+        return Controller(self.cfg.grpc, self.cfg.device_id, p4info=self.p4info, bmv2_json=self.bmv2_json, timeout=2.0)
 
     def _cmd_ping(self, req: dict[str, Any]) -> dict[str, Any]:
         from homagg.wire import VERSION
@@ -226,9 +235,12 @@ class Bmv2ControlAgent:
         return {"removed": True}
 
     def _cmd_status(self, req: dict[str, Any]) -> dict[str, Any]:
+        jobs = [j.with_workers().to_dict() for j in self.jobs.values()]
+        if req.get("jobs_only"):
+            return {"jobs": jobs}
         with self._controller() as ctl:
             counters = ctl.read_counters()
-        return {"counters": counters, "jobs": [j.with_workers().to_dict() for j in self.jobs.values()], "faults": None}
+        return {"counters": counters, "jobs": jobs, "faults": None}
 
 
 def _ip(text: str) -> int:

@@ -23,7 +23,9 @@ cmd                request fields                              response fields
 ``subscribe``      ``job_id``, ``worker_id``, ``on`` (bool)     ``subscribed``: worker ids that get
                                                                results through the group
 ``remove``         ``job_id``                                  ``removed``: bool
-``status``         -                                           ``counters``, ``jobs``, ``faults``
+``status``         ``jobs_only`` (optional, bool): ``jobs``    ``counters``, ``jobs``, ``faults``
+                   alone will do (BMv2's agent then skips      (``jobs`` alone with ``jobs_only``
+                   its P4Runtime read)                         on BMv2's agent)
 ``slot``           ``job_id``, ``slot`` (absolute)             ``banks``: [{bank, bitmap, count,
                                                                complete, missing, tag, offset}]
 ``faults``         ``drop``, ``duplicate``, ``reorder``,       ``faults``; refused unless the

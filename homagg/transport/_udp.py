@@ -74,7 +74,7 @@ from . import _fastpath as fastpath
 from ._datapath import PyDatapath, Round
 from .._buffers import spare_int32
 from ._sockets import join_results_group, send_datagram, set_buffers
-from ._liveness import Liveness
+from ._liveness import JobSighting, Liveness
 from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
 from ._roundloop import DUPTHRESH, RoundLoop, chunk_table
 from ._window import INITIAL_WINDOW, CongestionWindow
@@ -213,17 +213,27 @@ class UdpSwitchPort(SwitchPort):
         else:
             RoundLoop(self, rnd, PyDatapath(rnd, lambda view: self._send(self.sock.send, view)), streams).run_python()
 
-    def _job_known(self) -> bool | None:
-        """Does the switch still hold this job (its id and token)?  None when it cannot tell (no job
-        list in its status, e.g. BMv2's control agent; an error)."""
+    def _job_known(self) -> JobSighting:
+        """What the switch's status says of this job: does it still hold it (its id and token), and,
+        where it counts them, how many of the job's datagrams it accepted, with its counters (the
+        emulator; :mod:`._liveness` finds total loss with them).  One control request, ``status``
+        with ``jobs_only`` (the emulator answers its status, BMv2's control agent its job list
+        without a P4Runtime session).  ``held`` is None when it cannot tell (no job list in the
+        answer, an error)."""
         assert self._ctl is not None
         try:
-            jobs = self._ctl.status().get("jobs")
+            status = self._ctl.request("status", jobs_only=True)
         except HomAggError:
-            return None
+            return JobSighting(None)
+        jobs = status.get("jobs")
         if not isinstance(jobs, list) or not all(isinstance(j, dict) for j in jobs):
-            return None
-        return any(j.get("job_id") == self.job.job_id and j.get("token") == self.job.token for j in jobs)
+            return JobSighting(None)
+        mine = [j for j in jobs if j.get("job_id") == self.job.job_id and j.get("token") == self.job.token]
+        if not mine:
+            return JobSighting(False)
+        packets, counters = mine[0].get("packets"), status.get("counters")
+        return JobSighting(True, packets if isinstance(packets, int) else None,
+                           {k: v for k, v in counters.items() if isinstance(v, int)} if isinstance(counters, dict) else {})
 
     def _sync_rtt_stats(self) -> None:
         est = self.rtt

@@ -1,0 +1,119 @@
+"""BMv2's control agent (:class:`topologies.bmv2_agent.Bmv2ControlAgent`) answering the liveness
+probe's question "does the switch still hold this job?" from its own job list.
+
+A worker whose round stalls asks, once a second after 2 s, ``status`` with ``jobs_only``
+(:meth:`homagg.transport.UdpSwitchPort._job_known`).  The agent answers it without a P4Runtime
+session (before, every probe opened one and read every counter of the switch).  Oracles: the
+agent's count of P4Runtime sessions; the answer while the switch's P4Runtime server cannot be
+reached; and, with a real ``simple_switch_grpc`` (marker ``bmv2``), a job removed while a worker's
+round stalls: the worker is told within the probe's few seconds, having opened no session.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+import homagg
+from homagg import ConfigError, SwitchTimeoutError
+from homagg.p4 import SwitchConfig
+from homagg.transport import ControlClient, UdpSwitchPort
+from tests._dist_scripts._launch import free_port
+from topologies.bmv2_agent import Bmv2ControlAgent
+
+SERVICE_IP, SERVICE_MAC = "10.0.0.254", "02:48:41:00:00:fe"
+WORKER_MAC = "02:48:41:00:00:01"
+
+
+def _cfg(grpc: str) -> SwitchConfig:
+    return SwitchConfig.from_dict({"name": "s1", "grpc": grpc, "service_ip": SERVICE_IP, "service_mac": SERVICE_MAC,
+                                   "ports": [1], "hosts": [{"ip": "127.0.0.1", "mac": WORKER_MAC, "port": 1}]})
+
+
+def _agent(node: Any, cfg: SwitchConfig, built: Any = None, gate: bool = True) -> tuple[Bmv2ControlAgent, str, str]:
+    secret = os.urandom(16).hex()
+    listen = ("127.0.0.1", free_port())
+    agent = Bmv2ControlAgent(node, cfg, listen, secret, data_port=18497, gate=gate, built=built)
+    return agent, f"{listen[0]}:{listen[1]}", secret
+
+
+def test_status_jobs_only_needs_no_p4runtime() -> None:
+    """No switch behind the agent (its P4Runtime address refuses): ``jobs_only`` is answered from
+    the agent's list; the full status tries the switch and answers an error."""
+    agent, addr, secret = _agent(SimpleNamespace(proc=None), _cfg(f"127.0.0.1:{free_port()}"), gate=False)
+    agent.start()
+    try:
+        with ControlClient(addr, timeout=10, secret=secret) as ctl:
+            for _ in range(3):
+                assert ctl.request("status", jobs_only=True) == {"ok": True, "jobs": []}
+            assert agent.p4runtime_sessions == 0
+            with pytest.raises(ConfigError, match="refused status"):
+                ctl.status()
+            assert agent.p4runtime_sessions == 1
+    finally:
+        agent.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# with simple_switch_grpc
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    from homagg.p4._build import build
+
+    return build(tmp_path_factory.mktemp("p4build"), werror=True)
+
+
+@pytest.mark.bmv2
+def test_stalled_round_learns_its_job_was_removed_without_p4runtime(tmp_path: Path, built: Any) -> None:
+    from homagg.p4 import Controller
+    from homagg.p4._pcap_switch import PcapSwitch
+
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # the data address: takes datagrams, answers none
+    sink.bind(("127.0.0.1", 0))
+    grpc_port = free_port()
+    with PcapSwitch(tmp_path / "bmv2", [1], {}, grpc_port=grpc_port, bmv2_args=("--log-level", "off")) as sw:
+        cfg = _cfg(sw.grpc_addr)
+        with Controller(cfg.grpc, 0, p4info=built.p4info, bmv2_json=built.json, timeout=10) as ctl:
+            ctl.push()
+            ctl.configure(cfg)
+        agent, addr, secret = _agent(sw, cfg, built=built)
+        agent.start()
+        try:
+            with ControlClient(addr, timeout=10, secret=secret) as client:
+                job = client.admit(world_size=1, n_slots=4, words_per_packet=8)
+                port = UdpSwitchPort(sink.getsockname(), job=job, rank=0, control=addr, secret=secret, timeout=30)
+                try:
+                    assert port._job_known() is True
+                    sessions = agent.p4runtime_sessions  # admit and register wrote the switch
+                    remove_at = 4.5  # the probe asks at ~2, 3 and 4 s of stall: the job is still there
+
+                    def remove() -> None:
+                        time.sleep(remove_at)
+                        client.remove(job.job_id)
+
+                    remover = threading.Thread(target=remove, daemon=True)
+                    t0 = time.monotonic()
+                    remover.start()
+                    with pytest.raises(SwitchTimeoutError, match="no longer holds this job"):
+                        homagg.allreduce(torch.ones(64), port)
+                    took = time.monotonic() - t0
+                    remover.join(10)
+                    assert remove_at < took < remove_at + 3.0, took
+                    assert port._liveness.job_probes >= 3
+                    assert agent.p4runtime_sessions == sessions + 1  # the remove, no probe
+                    assert port._job_known() is False
+                finally:
+                    port.close()
+        finally:
+            agent.stop()
+    sink.close()

@@ -140,8 +140,7 @@ def device_paths() -> Iterator[None]:
     try:
         yield
     finally:
-        (_native.AVAILABLE, _native.FILL_QUANTIZE32, _hostops._host,  # type: ignore[assignment]
-         _hostops.reads_free) = saved
+        _native.AVAILABLE, _native.FILL_QUANTIZE32, _hostops._host, _hostops.reads_free = saved  # type: ignore[assignment]
 
 
 class CudaSyncs:

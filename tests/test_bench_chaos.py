@@ -16,6 +16,7 @@ import pytest
 
 from homagg import HomAggError
 from homagg.bench._chaos_faults import KINDS, Chaos, schedule
+from homagg.bench._chaos_rank import PROGRESS_MARK
 from homagg.bench._ranks import launch_ranks
 
 
@@ -38,7 +39,7 @@ def test_schedule_is_seeded_covers_every_kind_and_ends_before_the_run() -> None:
 
 _RANK = textwrap.dedent("""
     import faulthandler, json, os, signal, sys, time
-    from homagg.bench._chaos_rank import PROGRESS_MARK
+    PROGRESS_MARK = sys.argv[2]  # not imported from homagg: no torch import, a fast start
     rank, out = int(os.environ["RANK"]), sys.argv[1]
     faulthandler.register(signal.SIGUSR1, file=open(f"{out}/rank{rank}.stack", "w"), all_threads=True)
     def say(**kw):
@@ -55,11 +56,11 @@ _RANK = textwrap.dedent("""
 
 
 def test_watchdog_names_the_hung_rank_with_its_stack_and_fails_the_run(tmp_path: Path) -> None:
-    chaos = Chaos([], tmp_path, world=2, seed=0, hang_s=2.0).start()
+    chaos = Chaos([], tmp_path, world=2, seed=0, hang_s=3.0).start()
     t0 = time.monotonic()
     try:
         with pytest.raises(HomAggError, match=r"rank 1 \(killed by signal 9\)"):
-            launch_ranks([sys.executable, "-c", _RANK, str(tmp_path)], 2, label="watchdog test", stall_timeout=60,
+            launch_ranks([sys.executable, "-c", _RANK, str(tmp_path), PROGRESS_MARK], 2, label="watchdog test", stall_timeout=60,
                          on_line=chaos.on_line)
     finally:
         chaos.stop()
@@ -67,6 +68,6 @@ def test_watchdog_names_the_hung_rank_with_its_stack_and_fails_the_run(tmp_path:
     hang = chaos.hang
     assert hang is not None and hang["ranks"] == [1]
     where = hang["where"][1]
-    assert (where["phase"], where["step"], where["path"]) == ("step", 3, "switch") and where["silent_s"] > 2.0
+    assert (where["phase"], where["step"], where["path"]) == ("step", 3, "switch") and where["silent_s"] > 3.0
     assert "waits_for_a_peer_that_never_answers" in hang["stacks"][1]
     assert "waits_for_a_peer_that_never_answers" not in hang["stacks"][0]

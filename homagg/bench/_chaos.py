@@ -196,6 +196,8 @@ def _faults_record(injector: Chaos) -> dict[str, Any]:
         "every_kind_injected": all(done.get(k, 0) for k in KINDS),
         "emulator_counters": injector.injected_counters(), "emulators_faulted": len(injector.counters),
         "hang": injector.hang, "events": injector.events[:300],
+        "load_1min": {"min": min(injector.load), "median": statistics.median(injector.load),
+                      "max": max(injector.load), "samples": len(injector.load)} if injector.load else None,
     }
 
 

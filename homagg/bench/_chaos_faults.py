@@ -97,6 +97,7 @@ class Chaos:
         self.skipped: dict[str, int] = {}
         self.errors: list[str] = []  #: the injector's own failures (e.g. a control request refused)
         self.hang: dict[str, Any] | None = None
+        self.load: list[float] = []  #: the machine's 1-minute load, sampled every 10 s
         self.counters: dict[int, dict[str, int]] = {}  # emulator pid -> its last counters read
         self._lock = threading.Lock()
         self._pids: dict[int, int] = {}
@@ -232,8 +233,12 @@ class Chaos:
 
     # ------------------------------------------------------------------ watchdog
     def _watch(self) -> None:
+        next_load = 0.0
         while not self._end.wait(0.5):
             now = time.monotonic()
+            if now >= next_load:
+                self.load.append(round(os.getloadavg()[0], 2))
+                next_load = now + 10.0
             with self._lock:
                 silent = {r: now - self._seen.get(r, {}).get("t", self._launched) for r in range(self.world)
                           if r not in self._done}

@@ -17,20 +17,20 @@
 #define SIGN_BIT 32w0x80000000
 #define W(I) hdr.words[I].value
 
-#define FIRST_WORD(N, I) pool_w##N.write(meta.cell, W(I));
+#define FIRST_WORD(NN, I, N) pool_w##NN.write(meta.cell, W(I));
 
-#define ADD_WORD(N, I) \
-    pool_w##N.read(v, meta.cell); v = v + W(I); pool_w##N.write(meta.cell, v); W(I) = v;
+#define ADD_WORD(NN, I, N) \
+    pool_w##NN.read(v, meta.cell); v = v + W(I); pool_w##NN.write(meta.cell, v); W(I) = v;
 
-#define OR_WORD(N, I) \
-    pool_w##N.read(v, meta.cell); v = v | W(I); pool_w##N.write(meta.cell, v); W(I) = v;
+#define OR_WORD(NN, I, N) \
+    pool_w##NN.read(v, meta.cell); v = v | W(I); pool_w##NN.write(meta.cell, v); W(I) = v;
 
-#define MAX_WORD(N, I) \
-    pool_w##N.read(v, meta.cell); \
+#define MAX_WORD(NN, I, N) \
+    pool_w##NN.read(v, meta.cell); \
     if ((v ^ SIGN_BIT) < (W(I) ^ SIGN_BIT)) { v = W(I); } \
-    pool_w##N.write(meta.cell, v); W(I) = v;
+    pool_w##NN.write(meta.cell, v); W(I) = v;
 
-#define READ_WORD(N, I) pool_w##N.read(W(I), meta.cell);
+#define READ_WORD(NN, I, N) pool_w##NN.read(W(I), meta.cell);
 
 control Combine(inout headers_t hdr, inout metadata_t meta) {
     action first_write() { FOR_EACH_WORD(FIRST_WORD) }

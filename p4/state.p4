@@ -25,7 +25,7 @@ register<bit<8>>(POOL_CELLS)  contributions;
 register<bit<64>>(POOL_CELLS) use_key;
 register<bit<32>>(POOL_CELLS) cell_epoch;
 
-#define DECLARE_WORD(N, I) register<bit<32>>(POOL_CELLS) pool_w##N;
+#define DECLARE_WORD(NN, I, N) register<bit<32>>(POOL_CELLS) pool_w##NN;
 FOR_EACH_WORD(DECLARE_WORD)
 #undef DECLARE_WORD
 

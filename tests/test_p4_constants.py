@@ -116,10 +116,10 @@ def test_resources_consistent() -> None:
     assert m and int(m.group(1)) == 32 + 16 + 8 + 8 and wire.P4_WORDS < 256
     # the payload words are stored in P4_WORDS registers of 32 bits, one per header-stack index
     assert '#include "words.p4"' in src
-    words = re.search(r"#define FOR_EACH_WORD\(X\)(.*?)\n\s*\n", strip_comments((P4_DIR / "words.p4").read_text()), re.S)
-    assert words is not None
-    pairs = re.findall(r"X\((\d+), (\d+)\)", words.group(1))
-    assert pairs == [(f"{i:02d}", str(i)) for i in range(wire.P4_WORDS)]
+    words_src = strip_comments((P4_DIR / "words.p4").read_text())
+    chain = re.findall(r"#define WORDS_UPTO_(\d+)\(X\) WORDS_UPTO_(\d+)\(X\) X\((\d+), (\d+), (\d+)\)", words_src)
+    assert chain == [(str(k), str(k - 1), f"{k - 1:02d}", str(k - 1), str(k)) for k in range(1, wire.P4_WORDS + 1)]
+    assert re.search(rf"#define FOR_EACH_WORD\(X\) WORDS_UPTO_{wire.P4_WORDS}\(X\)\n", words_src)
     assert math.log2(c["SLOT_POOL_SIZE"].value).is_integer()
 
 

@@ -58,7 +58,7 @@ def test_fits_the_device(built: _tofino.TofinoBuild, record_property) -> None:
     assert 0 < r.stages_used <= r.stages
     # one stateful ALU per word, plus the mark (missing set and key) and the offset check
     assert r.stateful_alus == r.words_per_pass + 2
-    assert r.words_per_pass == WORDS[built.target]
+    assert r.words_per_pass == r.parser_words == r.word_registers == WORDS[built.target]
     record_property("homagg_report", f"{built.target}: " + "; ".join(r.lines()) + f"; {built.seconds:.0f} s")
 
 
@@ -70,7 +70,7 @@ def test_only_the_padding_warning(built: _tofino.TofinoBuild) -> None:
 @pytest.mark.tofino
 def test_control_plane_matches_bfrt_json(built: _tofino.TofinoBuild) -> None:
     doc = bfrt.load_bfrt(built.bfrt)
-    words = _tofino.words_per_pass(doc)
+    words = bfrt.compiled_words(built.out)
     sw = _switch()
     writes = bfrt.switch_entries(sw) + bfrt.job_entries(sw, _job(words), words=words)
     n = bfrt.check_entries(doc, writes)
@@ -83,7 +83,7 @@ def test_control_plane_matches_bfrt_json(built: _tofino.TofinoBuild) -> None:
 @pytest.mark.tofino
 def test_check_entries_refuses_what_the_program_lacks(built: _tofino.TofinoBuild) -> None:
     doc = bfrt.load_bfrt(built.bfrt)
-    good = bfrt.job_entries(_switch(), _job(8), words=_tofino.words_per_pass(doc))
+    good = bfrt.job_entries(_switch(), _job(8), words=bfrt.compiled_words(built.out))
     adm = next(w for w in good if w.table.endswith("admission.admission"))
     bad = [
         bfrt.BfrtWrite(adm.table, adm.key, adm.action, {**adm.data, "epoch": 1}),            # v1model's field

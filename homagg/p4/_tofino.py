@@ -1,8 +1,9 @@
 """``homagg p4 build --target tofino|tofino2``: compile ``p4/tofino/`` with bf-p4c, report resources.
 
 The compiler's own outputs are the oracle: ``bfrt.json`` (tables, registers and their fields, what
-a BF Runtime controller programs) and ``pipe/logs/resources.json`` / ``phv.json`` (``-g``): stages
-and, per stage, stateful ALUs, SRAM and TCAM blocks; PHV containers.  :func:`summarize` reads them;
+a BF Runtime controller programs), ``pipe/logs/resources.json`` / ``phv.json`` (``-g``): stages
+and, per stage, stateful ALUs, SRAM and TCAM blocks; PHV containers; and the words aggregated per
+pass (parser and Word stages: :mod:`homagg.p4._compiled`).  :func:`summarize` reads them;
 nothing here estimates.
 
 The build never deletes a folder it did not create: bf-p4c writes into a fresh folder inside
@@ -31,17 +32,19 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
+from ..wire import P4_WORDS
 from ._build import BuildError
+from ._compiled import compiled_words
 from .source import P4_DIR
 
-__all__ = ["TARGETS", "TofinoBuild", "Resources", "build", "summarize", "words_per_pass", "bf_p4c", "PADDING"]
+__all__ = ["TARGETS", "TofinoBuild", "Resources", "build", "summarize", "bf_p4c", "PADDING", "PLACED",
+           "place_outputs", "placed_names"]
 
 BF_P4C = "bf-p4c"
 #: target -> (bf-p4c --target, --arch, stages of the device)
 TARGETS: dict[str, tuple[str, str]] = {"tofino": ("tofino", "tna"), "tofino2": ("tofino2", "t2na")}
 #: the compiler's minimum-parse-depth padding warning, the one warning a build may print
 PADDING = re.compile(r"Parser state min_parse_depth_accept_loop will be unrolled")
-_WORD_POOL = re.compile(r"\.w(\d\d)\.pool$")
 #: in a build folder: the names of the entries homagg's Tofino build placed there, one a line
 PLACED = ".homagg-tofino-build"
 
@@ -60,13 +63,16 @@ class Resources:
     phv_containers: int
     phv_bits: int
     words_per_pass: int
+    parser_words: int
+    word_registers: int
 
     def lines(self) -> list[str]:
         return [f"stages: {self.stages_used} of {self.stages}",
                 f"stateful ALUs: {self.stateful_alus} of {self.stateful_alus_total}",
                 f"SRAM blocks: {self.srams}, map RAMs: {self.map_rams}, TCAM blocks: {self.tcams}",
                 f"PHV: {self.phv_containers} containers, {self.phv_bits} bits",
-                f"payload words per pass: {self.words_per_pass}"]
+                f"payload words per pass: {self.words_per_pass} (the parser takes {self.parser_words}, "
+                f"{self.word_registers} word registers)"]
 
 
 @dataclass(frozen=True)
@@ -90,24 +96,14 @@ def bf_p4c() -> str:
     return exe
 
 
-def words_per_pass(bfrt: dict[str, Any]) -> int:
-    """Payload words the compiled program aggregates per pass: its ``wNN.pool`` registers.
-
-    Invariant checked: they are ``w00 .. w(K-1)`` with no gap."""
-    idx = sorted(int(m.group(1)) for t in bfrt["tables"] if (m := _WORD_POOL.search(t["name"])))
-    if idx != list(range(len(idx))):
-        raise ConfigError(f"bfrt.json: word registers {idx} are not w00 .. w{len(idx) - 1:02d}")
-    return len(idx)
-
-
 def summarize(out: Path) -> Resources:
     """:class:`Resources` from a ``-g`` build folder (``bfrt.json``, ``pipe/logs``)."""
     logs = out / "pipe" / "logs"
     try:
         res = json.loads((logs / "resources.json").read_text())["resources"]
         phv = json.loads((logs / "phv.json").read_text())
-        bfrt = json.loads((out / "bfrt.json").read_text())
-    except (OSError, KeyError, ValueError) as exc:
+        words = compiled_words(out)
+    except (OSError, KeyError, ValueError, ConfigError) as exc:
         raise BuildError(f"{out}: compiler outputs missing or unreadable ({exc})") from exc
     stages = res["mau"]["mau_stages"]
     used = [s for s in stages if any(s.get(k) for k in ("logical_tables",))
@@ -122,19 +118,22 @@ def summarize(out: Path) -> Resources:
     return Resources(stages=int(res["mau"]["nStages"]), stages_used=len(used), stateful_alus=alus,
                      stateful_alus_total=alus_total, srams=srams, map_rams=map_rams, tcams=tcams,
                      phv_containers=len(containers), phv_bits=sum(int(c["bit_width"]) for c in containers),
-                     words_per_pass=words_per_pass(bfrt))
+                     words_per_pass=words.per_pass, parser_words=words.parser, word_registers=words.registers)
 
 
 def build(target: str, out_dir: Path | None = None, *, werror: bool = False, words: int | None = None,
           source: Path | None = None) -> TofinoBuild:
     """Compile ``p4/tofino/homagg_tofino.p4`` for ``target`` with ``-g`` into ``out_dir``.
 
-    ``words`` overrides ``TOFINO_WORDS`` (-D); raises :class:`BuildError` on a failed compile, a
-    program beyond the device (the assembler refuses it), or with ``werror`` a warning other than
-    the parse-depth padding; :class:`~homagg.ConfigError` for an unknown target.
+    ``words`` overrides ``TOFINO_WORDS`` (-D), 1 .. ``P4_WORDS``; raises :class:`BuildError` on a
+    failed compile, a program beyond the device (the assembler refuses it), or with ``werror`` a
+    warning other than the parse-depth padding; :class:`~homagg.ConfigError` for an unknown
+    target or words out of range.
     """
     if target not in TARGETS:
         raise ConfigError(f"unknown Tofino target {target!r}: one of {', '.join(TARGETS)}")
+    if words is not None and (isinstance(words, bool) or not isinstance(words, int) or not 1 <= words <= P4_WORDS):
+        raise ConfigError(f"words per pass {words!r}: an integer in [1, {P4_WORDS}] (the wire's P4_WORDS)")
     src = source or P4_DIR / "tofino" / "homagg_tofino.p4"
     if not src.is_file():
         raise ConfigError(f"{src} not found")
@@ -147,7 +146,7 @@ def build(target: str, out_dir: Path | None = None, *, werror: bool = False, wor
     try:
         cmd = [exe, "--target", tgt, "--arch", arch, "-g", "-o", str(staging)]
         if words is not None:
-            cmd.append(f"-DTOFINO_WORDS={int(words)}")
+            cmd.append(f"-DTOFINO_WORDS={words}")
         cmd.append(str(src))
         t0 = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -13,7 +13,8 @@ compiler's output is the oracle.  Sending them needs ``bf_switchd``'s gRPC serve
 is plain data.
 
 Invariants: every write names a table of the program (``pipe.`` prefix added); a job's words per
-packet never exceeds the compiled words per pass; the multicast group is the P4Runtime
+packet never exceeds ``words``, which :func:`compiled_words` reads from the compiled program (the
+words its parser takes and its Word stages combine, :mod:`homagg.p4._compiled`); the multicast group is the P4Runtime
 controller's (:meth:`homagg.p4.Controller.mcast_group`).
 """
 
@@ -29,10 +30,10 @@ from .._errors import ConfigError
 from ..jobs import JobSpec
 from ._controller import Controller
 from ._switches import SwitchConfig
-from ._tofino import words_per_pass
+from ._compiled import compiled_words as _compiled_words
 from .source import p4_constants
 
-__all__ = ["BfrtWrite", "job_entries", "switch_entries", "check_entries", "load_bfrt"]
+__all__ = ["BfrtWrite", "job_entries", "switch_entries", "check_entries", "load_bfrt", "compiled_words"]
 
 _IG = "pipe.HomaggIngress."
 _EG = "pipe.HomaggEgress."
@@ -186,6 +187,7 @@ def check_entries(bfrt: dict[str, Any], writes: list[BfrtWrite]) -> int:
     return checked
 
 
-def compiled_words(bfrt: dict[str, Any]) -> int:
-    """Words per pass of a compiled program (:func:`homagg.p4._tofino.words_per_pass`)."""
-    return words_per_pass(bfrt)
+def compiled_words(build: str | Path) -> int:
+    """Words per pass of the program compiled into ``build`` (a ``-g`` build folder): the
+    ``words`` to give :func:`job_entries` (:func:`homagg.p4._compiled.compiled_words`)."""
+    return _compiled_words(build).per_pass

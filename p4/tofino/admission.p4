@@ -21,7 +21,7 @@
 #ifndef HOMAGG_TOFINO_ADMISSION_P4
 #define HOMAGG_TOFINO_ADMISSION_P4
 
-#define LENGTH_ENTRY(N) (N, 8 + HEADER_LEN + 4 * N, 20 + 8 + HEADER_LEN + 4 * N) : lengths_consistent();
+#define LENGTH_ENTRY(NN, I, N) (N, 8 + HEADER_LEN + 4 * N, 20 + 8 + HEADER_LEN + 4 * N) : lengths_consistent();
 
 control Admission(inout tofino_headers_t hdr, inout ig_meta_t meta) {
     /* the use key and the cell index each written whole by an identity hash (moves of several
@@ -136,14 +136,7 @@ control Admission(inout tofino_headers_t hdr, inout ig_meta_t meta) {
         const default_action = NoAction();
         size = 32;
         const entries = {
-            LENGTH_ENTRY(1)  LENGTH_ENTRY(2)  LENGTH_ENTRY(3)  LENGTH_ENTRY(4)
-            LENGTH_ENTRY(5)  LENGTH_ENTRY(6)  LENGTH_ENTRY(7)  LENGTH_ENTRY(8)
-            LENGTH_ENTRY(9)  LENGTH_ENTRY(10) LENGTH_ENTRY(11) LENGTH_ENTRY(12)
-            LENGTH_ENTRY(13) LENGTH_ENTRY(14) LENGTH_ENTRY(15) LENGTH_ENTRY(16)
-            LENGTH_ENTRY(17) LENGTH_ENTRY(18) LENGTH_ENTRY(19) LENGTH_ENTRY(20)
-            LENGTH_ENTRY(21) LENGTH_ENTRY(22) LENGTH_ENTRY(23) LENGTH_ENTRY(24)
-            LENGTH_ENTRY(25) LENGTH_ENTRY(26) LENGTH_ENTRY(27) LENGTH_ENTRY(28)
-            LENGTH_ENTRY(29) LENGTH_ENTRY(30) LENGTH_ENTRY(31) LENGTH_ENTRY(32)
+            FOR_EACH_WORD(LENGTH_ENTRY)   /* every count the wire allows, 1 .. P4_WORDS */
         }
     }
 

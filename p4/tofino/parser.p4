@@ -2,9 +2,11 @@
  *
  * Ingress: Ethernet / IPv4 (no options, not a fragment) / UDP / homagg header / words, like the
  * v1model parser (../parser.p4) but without its loop: Tofino's parser rejects a loop over a
- * header stack's index, so there is one state per word, each ending the packet's words when
- * word_count says so.  1 <= word_count <= TOFINO_WORDS is parsed; other counts leave words[]
- * empty (dropped by admission when addressed to the switch, forwarded untouched otherwise).  A
+ * header stack's index, so there is one state per word the program aggregates (parse_word_0 ..
+ * parse_word_<TOFINO_WORDS - 1>, from ../words.p4's list, as the Word stages in pipeline.p4),
+ * each ending the packet's words when word_count says so.  1 <= word_count <= TOFINO_WORDS is
+ * parsed, exactly word_count words; other counts leave words[] empty (dropped by admission when
+ * addressed to the switch, forwarded untouched otherwise).  A
  * datagram cut short sets parser_err (admission drops it as drop_short / drop_length).
  *
  * Egress: the bridged header the ingress deparser put first, then the headers up to homagg
@@ -13,7 +15,9 @@
 #ifndef HOMAGG_TOFINO_PARSER_P4
 #define HOMAGG_TOFINO_PARSER_P4
 
-#define WORD_STATE(I, N) \
+/* the state of payload word I (../words.p4's list): extract it; accept when it is the packet's
+ * last (word_count == N = I + 1), else go on to word N */
+#define WORD_STATE(NN, I, N) \
     state parse_word_##I { \
         pkt.extract(hdr.words[I]); \
         transition select(hdr.homagg.word_count) { \
@@ -21,6 +25,8 @@
             default: parse_word_##N; \
         } \
     }
+#define WORD_STATE_NAME(N) WORD_STATE_NAME_(N)
+#define WORD_STATE_NAME_(N) parse_word_##N
 
 parser HomaggIngressParser(packet_in pkt, out tofino_headers_t hdr, out ig_meta_t meta,
                            out ingress_intrinsic_metadata_t ig_intr_md) {
@@ -84,22 +90,17 @@ parser HomaggIngressParser(packet_in pkt, out tofino_headers_t hdr, out ig_meta_
         }
     }
 
-    WORD_STATE(0, 1)   WORD_STATE(1, 2)   WORD_STATE(2, 3)   WORD_STATE(3, 4)
-    WORD_STATE(4, 5)   WORD_STATE(5, 6)   WORD_STATE(6, 7)   WORD_STATE(7, 8)
-    WORD_STATE(8, 9)   WORD_STATE(9, 10)  WORD_STATE(10, 11) WORD_STATE(11, 12)
-    WORD_STATE(12, 13) WORD_STATE(13, 14) WORD_STATE(14, 15) WORD_STATE(15, 16)
-    WORD_STATE(16, 17) WORD_STATE(17, 18) WORD_STATE(18, 19) WORD_STATE(19, 20)
-    WORD_STATE(20, 21) WORD_STATE(21, 22) WORD_STATE(22, 23) WORD_STATE(23, 24)
-    WORD_STATE(24, 25) WORD_STATE(25, 26) WORD_STATE(26, 27) WORD_STATE(27, 28)
-    WORD_STATE(28, 29) WORD_STATE(29, 30) WORD_STATE(30, 31)
+    FOR_FIRST_WORDS(TOFINO_WORDS, WORD_STATE)
 
-    state parse_word_31 {
-        pkt.extract(hdr.words[31]);
+    /* after word TOFINO_WORDS - 1: never reached (that word accepts, as word_count <= TOFINO_WORDS) */
+    state WORD_STATE_NAME(TOFINO_WORDS) {
         transition accept;
     }
 }
 
 #undef WORD_STATE
+#undef WORD_STATE_NAME
+#undef WORD_STATE_NAME_
 
 parser HomaggEgressParser(packet_in pkt, out tofino_headers_t hdr, out eg_meta_t meta,
                           out egress_intrinsic_metadata_t eg_intr_md) {

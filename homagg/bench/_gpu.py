@@ -34,7 +34,7 @@ from .._errors import ConfigError
 from ..testing import ResultMismatchError
 from ..codec._config import SCHEMES
 from ..codec._history import History
-from ._gpu_replay import record, replay_call, timed_call
+from ._gpu_replay import ReplayPort, record, replay_call, timed_call
 from ._syncs import HostReads, cuda_syncs, device_paths
 
 __all__ = ["configure_parser", "run", "measure"]
@@ -98,6 +98,22 @@ def time_add(numel: int, repeats: int, device: str) -> dict[str, float]:
     return {"add_s": statistics.median(events) if events else wall, "add_wall_s": wall}
 
 
+def launch_overhead(device: str, ops: int = 200) -> float:
+    """Median seconds per small torch op (an in-place add on 1024 elements) issued back to back,
+    up to a synchronisation: what each of the codec's torch calls costs at least on this host."""
+    x = torch.zeros(1024, device=device)
+    sync = _sync_for(device)
+    runs = []
+    for _ in range(7):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(ops):
+            x.add_(1.0)
+        sync()
+        runs.append((time.perf_counter() - t0) / ops)
+    return statistics.median(runs)
+
+
 def _profile(fn, device: str, table_sink: list[str], title: str) -> dict[str, Any]:  # noqa: ANN001
     """Run ``fn`` under the profiler; the trace's memcpy bytes, kernels and op times."""
     from torch.profiler import ProfilerActivity, profile
@@ -132,7 +148,7 @@ def _profile(fn, device: str, table_sink: list[str], title: str) -> dict[str, An
 def measure(numel: int, density: float, schemes: list[str], workers: int, repeats: int, device: str,
             tables: list[str], **options: Any) -> list[dict[str, Any]]:
     tensors = _inputs(numel, density, workers, device)
-    base = time_add(numel, repeats, device)
+    base = {**time_add(numel, repeats, device), "op_overhead_s": launch_overhead(device)}
     sync = _sync_for(device)
     records = []
     for scheme in schemes:
@@ -146,21 +162,23 @@ def measure(numel: int, density: float, schemes: list[str], workers: int, repeat
                 raise ResultMismatchError(f"{scheme}: replayed call {c} differs from the job's result")
             times.append(t)
         steady = times[2:]
-        x = tensors[0].clone()
+        x, port = tensors[0].clone(), ReplayPort(rec.rounds[calls - 2], workers, None)
         sync()
         reads = HostReads()
+        others: list[str] = []
         if device.startswith("cuda"):
             with cuda_syncs() as found, reads:
-                replay_call(x, rec.rounds[calls - 2], workers, history, scheme, **options)
+                replay_call(x, port, history, scheme, **options)
             syncs: int = found.count
-            sync_sites = dict(found.sites)
+            sync_sites, others = dict(found.sites), found.others
         else:  # a CPU: the host reads of the same call through the code path of device tensors
             with device_paths(), reads:
-                replay_call(x, rec.rounds[calls - 2], workers, history, scheme, **options)
+                replay_call(x, port, history, scheme, **options)
             syncs, sync_sites = reads.total, dict(reads.sites)
+        x, port = tensors[0].clone(), ReplayPort(rec.rounds[calls - 1], workers, None)
         sync()
-        prof = _profile(lambda: replay_call(tensors[0].clone(), rec.rounds[calls - 1], workers, history, scheme,
-                                            **options), device, tables, f"{scheme}, density {density}")
+        prof = _profile(lambda: replay_call(x, port, history, scheme, **options), device, tables,
+                        f"{scheme}, density {density}")
         enc = statistics.median(t.encode_s for t in steady)
         dec = statistics.median(t.decode_s for t in steady)
         records.append({
@@ -168,9 +186,10 @@ def measure(numel: int, density: float, schemes: list[str], workers: int, repeat
             "workers": workers, "device": device, "repeats": repeats, "options": options,
             "first_call_s": times[0].encode_s + times[0].decode_s, "rounds_first": times[0].rounds,
             "encode_s": enc, "decode_s": dec, "rounds_steady": steady[-1].rounds,
-            "syncs": syncs, "sync_sites": sync_sites, "host_reads": reads.total,
+            "syncs": syncs, "sync_sites": sync_sites, "other_warnings": others, "host_reads": reads.total,
             "host_read_sites": dict(reads.sites),
             "torch_calls": reads.calls, **prof, **base, "ratio_to_add": (enc + dec) / base["add_s"],
+            "us_per_torch_call": (enc + dec) / max(1, reads.calls) * 1e6,
         })
     return records
 
@@ -224,7 +243,13 @@ def run(args: argparse.Namespace) -> int:
                       f"{r['d2h_bytes']:,}", str(r["kernels"]), f"{r['gpu_busy_s'] * 1e3:.3f}", str(r["torch_calls"]))
     print_table(Console(), table)
     print(f"torch.add of two {args.numel:,}-element float32 tensors: {records[0]['add_s'] * 1e3:.3f} ms (device "
-          f"events), {records[0]['add_wall_s'] * 1e3:.3f} ms to a synchronisation")
+          f"events), {records[0]['add_wall_s'] * 1e3:.3f} ms to a synchronisation; a small torch op issued back to "
+          f"back: {records[0]['op_overhead_s'] * 1e6:.1f} us")
+    for r in records:
+        print(f"{r['density']:g} {r['scheme']}: {r['torch_calls']} torch calls per steady call, "
+              f"{r['us_per_torch_call']:.1f} us each on average; GPU busy {r['gpu_busy_s'] * 1e3:.3f} ms in "
+              f"{r['kernels']} kernels; D2D {r['d2d_bytes']:,} B" + (f"; other warnings {r['other_warnings']}"
+                                                                       if r["other_warnings"] else ""))
     for r in records:
         if r["sync_sites"]:
             print(f"{r['density']:g} {r['scheme']}: synchronisations at {r['sync_sites']}")

@@ -30,7 +30,7 @@ from ..codec._protocol import allreduce
 from ..codec._stats import WorkerStats
 from ..transport import InProcessSwitch, Stream, SwitchPort
 
-__all__ = ["Recording", "record", "ReplayPort", "timed_call", "CallTimes"]
+__all__ = ["Recording", "record", "ReplayPort", "timed_call", "replay_call", "CallTimes"]
 
 
 @dataclass
@@ -142,8 +142,7 @@ def timed_call(x: torch.Tensor, recorded: list[tuple[list[tuple[str, int]], list
     return times, out
 
 
-def replay_call(x: torch.Tensor, recorded: list[tuple[list[tuple[str, int]], list[torch.Tensor]]], world: int,
-                history: History, scheme: str, **options: Any) -> torch.Tensor:
-    """Replay one call to worker 0 with a port that adds no synchronisation (for counting)."""
-    port = ReplayPort(recorded, world, None)
+def replay_call(x: torch.Tensor, port: ReplayPort, history: History, scheme: str, **options: Any) -> torch.Tensor:
+    """Replay one call to worker 0 through ``port`` (a :class:`ReplayPort` without ``sync``, made
+    beforehand: its copies of the words are not the call's), for counting and profiling."""
     return allreduce(x, port, scheme=scheme, history=history, key="bench", inplace=True, **options)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["HostReads", "device_paths", "cuda_syncs", "SYNC_CALLS"]
+__all__ = ["HostReads", "device_paths", "cuda_syncs", "CudaSyncs", "SYNC_CALLS", "SYNC_WARNING"]
 
 #: torch calls that read a device tensor's values on the host (one synchronisation each on CUDA)
 SYNC_CALLS = frozenset({
@@ -143,13 +143,19 @@ def device_paths() -> Iterator[None]:
         _native.AVAILABLE, _native.FILL_QUANTIZE32, _hostops._host, _hostops.reads_free = saved  # type: ignore[assignment]
 
 
+#: the text of torch's warning for a synchronising call under ``set_sync_debug_mode("warn")``
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
 class CudaSyncs:
     """The synchronisations the CUDA runtime was asked for inside :func:`cuda_syncs`: their count
-    and the homagg line (or torch call) that asked, from the warnings' stacks."""
+    and the homagg line that asked, from the warnings' stacks; other warnings raised meanwhile
+    (e.g. torch's one-time notes about the debug mode) in :attr:`others`, not counted."""
 
     def __init__(self) -> None:
         self.count = 0
         self.sites: Counter[str] = Counter()
+        self.others: list[str] = []
 
 
 @contextlib.contextmanager
@@ -163,11 +169,11 @@ def cuda_syncs() -> Iterator[CudaSyncs]:
         warnings.simplefilter("always")
 
         def show(message: Any, category: Any, filename: str, lineno: int, *rest: Any) -> None:
-            if "synchroniz" in str(message).lower():
+            if SYNC_WARNING in str(message):
                 found.count += 1
                 found.sites[_where()] += 1
             else:
-                original(message, category, filename, lineno, *rest)
+                found.others.append(f"{filename}:{lineno}: {message}")
 
         warnings.showwarning = show
         torch.cuda.set_sync_debug_mode("warn")

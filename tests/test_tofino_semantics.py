@@ -8,21 +8,131 @@ packet sequences (few tags, offsets and workers, so that keys collide, uses comp
 restart) must give the emulator's verdicts (:mod:`switch_emulator.bitmap`) packet for packet and
 the same completions.  This checks the design; the P4 source itself is checked by compiling it
 (``tests/test_tofino.py``) and, for the v1model program, by the BMv2 differential test.
+
+What is not retyped but read from the program, so that a change there breaks this test: the
+constants (``POISON_OFFSET``, ``FLAG_RETRANSMIT``, ``VERDICT_*`` from ``p4/configuration.p4``;
+``PRED_*``, ``PATH_*`` from ``p4/tofino/tofino_config.p4``), the use key's layout (the identity
+hash in ``admission.p4``), the predicate's argument order (``use_key.p4``) and the verdict table
+of ``counter.p4`` (its keys, its rows in order, the actions' verdict and path, the default
+action), which the model evaluates as the ternary table it is (first matching row).
 """
 
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
 from homagg.jobs import JobSpec, WorkerAddr
+from homagg.p4.source import P4_DIR, header_fields, p4_constants, strip_comments
 from switch_emulator import bitmap
 from switch_emulator.state import JobState
 
-POISON = 0xFFFFFFFF
-# use_key.p4's predicate: 1 << (offset equal + 2 * key equal)
-PRED_OTHER, PRED_OTHER_SAME_OFFSET, PRED_SAME_OTHER_OFFSET, PRED_SAME = 1, 2, 4, 8
+CONST = {name: c.value for src in ("configuration.p4", "tofino/tofino_config.p4")
+         for name, c in p4_constants(source=src).items()}
+POISON = CONST["POISON_OFFSET"]
+PRED_OTHER, PRED_OTHER_SAME_OFFSET, PRED_SAME_OTHER_OFFSET, PRED_SAME = (
+    CONST[n] for n in ("PRED_OTHER", "PRED_OTHER_SAME_OFFSET", "PRED_SAME_OTHER_OFFSET", "PRED_SAME"))
+
+
+def _source(name: str) -> str:
+    return strip_comments((P4_DIR / "tofino" / name).read_text())
+
+
+def _block(src: str, opening: str) -> str:
+    """The text between the braces that follow the first match of regex ``opening``."""
+    m = re.search(opening + r"\s*\{", src)
+    assert m is not None, opening
+    depth, i = 1, m.end()
+    while depth:
+        depth += {"{": 1, "}": -1}.get(src[i], 0)
+        i += 1
+    return src[m.end():i - 1]
+
+
+def _value(text: str) -> int:
+    text = text.strip()
+    return CONST[text] if text in CONST else int(text, 0)
+
+
+def _matches(pattern: str, v: int) -> bool:
+    pattern = pattern.strip()
+    if pattern == "_":
+        return True
+    if "&&&" in pattern:
+        value, mask = (_value(t) for t in pattern.split("&&&"))
+        return v & mask == value & mask
+    return v == _value(pattern)
+
+
+class VerdictTable:
+    """``counter.p4``'s ``verdict`` table, read from the source: keys, rows (first match wins),
+    default action, and per action the verdict and path it sets."""
+
+    def __init__(self) -> None:
+        src = _source("counter.p4")
+        table = _block(src, r"\btable\s+verdict")
+        self.keys = re.findall(r"([\w.]+)\s*:\s*ternary\s*;", _block(table, r"\bkey\s*="))
+        self.rows = [([p for p in pats.split(",")], act) for pats, act in
+                     re.findall(r"\(([^()]*)\)\s*:\s*(\w+)\(\)\s*;", _block(table, r"\bconst\s+entries\s*="))]
+        default = re.search(r"const\s+default_action\s*=\s*(\w+)\(\)\s*;", table)
+        assert default is not None
+        self.default = default.group(1)
+        self.actions: dict[str, tuple[int, int]] = {}
+        for name, body in re.findall(r"\baction\s+(\w+)\(\)\s*\{([^}]*)\}", src):
+            verdict = re.search(r"meta\.verdict\s*=\s*(VERDICT_\w+)\s*;", body)
+            path = re.search(r"meta\.path\s*=\s*(PATH_\w+)\s*;", body)
+            assert verdict and path, name
+            self.actions[name] = (CONST[verdict.group(1)], CONST[path.group(1)])
+        assert all(len(pats) == len(self.keys) for pats, _ in self.rows)
+
+    def __call__(self, key: dict[str, int]) -> tuple[int, int]:
+        """(verdict, path) of the first row matching ``key`` (by key name), else the default's."""
+        values = [key[k] for k in self.keys]
+        for pats, act in self.rows:
+            if all(_matches(p, v) for p, v in zip(pats, values, strict=True)):
+                return self.actions[act]
+        return self.actions[self.default]
+
+
+def _use_key_layout() -> list[int]:
+    """Bit widths of the use key's parts, most significant first (``admission.p4``'s identity hash)."""
+    m = re.search(r"meta\.key_rest\s*=\s*use_key_of\.get\(\{([^}]*)\}\)", _source("admission.p4"))
+    assert m is not None
+    fields = dict(header_fields("homagg_t"))
+    widths = []
+    for part in m.group(1).split(","):
+        part = part.strip()
+        cast, sl = re.match(r"\(bit<(\d+)>\)|(\d+)w\d+$", part), re.search(r"\[(\d+):(\d+)\]$", part)
+        if cast:
+            widths.append(int(cast.group(1) or cast.group(2)))
+        elif sl:
+            widths.append(int(sl.group(1)) - int(sl.group(2)) + 1)
+        else:
+            widths.append(fields[part.removeprefix("hdr.homagg.")])
+    return widths
+
+
+VERDICT = VerdictTable()
+KEY_WIDTHS = _use_key_layout()
+
+
+def use_key(tag: int, op: int, wc: int) -> int:
+    """meta.key_rest: tag ++ op ++ word_count, each cut to its width in the hash's input."""
+    key = 0
+    for value, width in zip((tag, op, wc), KEY_WIDTHS, strict=True):
+        key = key << width | (value & ((1 << width) - 1))
+    return key
+
+
+def test_read_from_the_program() -> None:
+    """What the model reads: the table's keys, the predicate's order and the key's width."""
+    assert VERDICT.keys == ["meta.missing", "meta.use_pred", "meta.unseen", "meta.offset_max", "hdr.homagg.flags"]
+    assert sum(KEY_WIDTHS) == 32  # one 32-bit half of each register pair
+    preds = re.findall(r"this\.predicate\(\s*value\.(\w+)\s*==[^,]*,\s*value\.(\w+)\s*==", _source("use_key.p4"))
+    assert preds == [("offset", "key")] * 2  # pred = 1 << (offset equal + 2 * key equal)
+    assert {PRED_OTHER, PRED_OTHER_SAME_OFFSET, PRED_SAME_OTHER_OFFSET, PRED_SAME} == {1, 2, 4, 8}
 
 
 class TofinoCell:
@@ -35,7 +145,7 @@ class TofinoCell:
     def packet(self, world: int, w: int, tag: int, offset: int, op: int, wc: int, retx: bool) -> tuple[int, bool]:
         mine = 1 << w
         others = ((1 << world) - 1) & ~mine  # admitted_job's action parameter
-        key = tag << 16 | op << 8 | wc  # admission.p4: meta.key_rest
+        key = use_key(tag, op, wc)  # admission.p4: meta.key_rest
         # stage 1: worker_bitmap.p4 mark_cell
         old = self.missing
         if self.key == key:
@@ -50,18 +160,13 @@ class TofinoCell:
         elif self.key2 == key and self.offset != offset:
             self.offset = POISON
         unseen, left, offset_max = old & mine, old & others, offset == POISON
-        # stage 3: counter.p4's verdict table (first matching row) and completion
-        if old == 0 and pred in (PRED_OTHER, PRED_OTHER_SAME_OFFSET):
-            return bitmap.FIRST, others == 0
-        if old == 0 and pred == PRED_SAME and not offset_max:
-            return (bitmap.ANSWER, True) if retx else (bitmap.STALE, False)
-        if old == 0:
-            return bitmap.DUPLICATE, False
-        if unseen == 0:
-            return bitmap.DUPLICATE, False
-        if pred == PRED_SAME and not offset_max:
-            return bitmap.ADD, left == 0
-        return bitmap.CONFLICT, False
+        # stage 3: counter.p4's verdict table (read from the source) and completion
+        verdict, path = VERDICT({"meta.missing": old, "meta.use_pred": pred, "meta.unseen": unseen,
+                                 "meta.offset_max": int(offset_max),
+                                 "hdr.homagg.flags": CONST["FLAG_RETRANSMIT"] if retx else 0})
+        complete = {CONST["PATH_FIRST"]: others == 0, CONST["PATH_ADD"]: left == 0,
+                    CONST["PATH_READ"]: True}.get(path, False)
+        return verdict, complete
 
 
 def _emulator(job: JobState, i: int, w: int, tag: int, offset: int, op: int, wc: int, retx: bool) -> tuple[int, bool]:

@@ -63,16 +63,17 @@ def _int(literal: str) -> int:
 
 
 @lru_cache(maxsize=None)
-def p4_constants(p4_dir: Path | None = None) -> dict[str, P4Const]:
-    """Every ``const bit<N> NAME = V;`` of ``configuration.p4``, as ``{NAME: (N, V)}``.
+def p4_constants(p4_dir: Path | None = None, source: str = "configuration.p4") -> dict[str, P4Const]:
+    """Every ``const bit<N> NAME = V;`` (V a literal) of ``source`` (relative to ``p4/``; e.g.
+    ``tofino/tofino_config.p4``), as ``{NAME: (N, V)}``.
 
     Invariant checked here: each value fits its declared width.
     """
     out: dict[str, P4Const] = {}
-    for width, name, value in _CONST.findall(_read("configuration.p4", p4_dir)):
+    for width, name, value in _CONST.findall(_read(source, p4_dir)):
         v = _int(value)
         if v >= 1 << int(width):
-            raise ConfigError(f"configuration.p4: {name} = {v} does not fit bit<{width}>")
+            raise ConfigError(f"{source}: {name} = {v} does not fit bit<{width}>")
         out[name] = P4Const(int(width), v)
     return out
 

@@ -106,7 +106,7 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 def _paths(reports: list[dict[str, Any]]) -> dict[str, Any]:
     first = reports[0]
     moves = Counter(f"{t['from']}->{t['to']}" for t in first["transitions"])
-    causes = Counter(re.sub(r"^rank \d+: ", "", t["cause"])[:120] for t in first["transitions"])
+    causes = Counter(_cause(t["cause"]) for t in first["transitions"])
     down = [t for t in first["transitions"] if t["to"] == "host" and t["from"] == "switch"]
     back = [t for t in first["transitions"] if t["to"] == "switch"]
     return {
@@ -122,6 +122,13 @@ def _paths(reports: list[dict[str, Any]]) -> dict[str, Any]:
         "host_s_total": round(sum(t.get("host_s", 0.0) for t in back), 2),
         "final_path": first["paths"][-1] if first["paths"] else None,
     }
+
+
+def _cause(text: str) -> str:
+    """A transition's cause with what differs from one to the next (rank, job, addresses) left out."""
+    text = re.sub(r"^rank \d+: ", "", text)
+    text = re.sub(r"\b\d{1,3}(\.\d{1,3}){3}:\d+\b", "ADDR", text)
+    return re.sub(r"\b(job|worker) \d+", r"\1 N", text)[:200]
 
 
 def _median(xs: list[float]) -> float | None:

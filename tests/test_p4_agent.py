@@ -11,10 +11,12 @@ round stalls: the worker is told within the probe's few seconds, having opened n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -73,15 +75,14 @@ def built(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     return build(tmp_path_factory.mktemp("p4build"), werror=True)
 
 
-@pytest.mark.bmv2
-def test_stalled_round_learns_its_job_was_removed_without_p4runtime(tmp_path: Path, built: Any) -> None:
+@contextlib.contextmanager
+def _bmv2_with_agent(folder: Path, built: Any) -> Iterator[tuple[Bmv2ControlAgent, str, str]]:
+    """A ``simple_switch_grpc`` (pcap ports) with the build pushed and configured, and its control
+    agent started: (agent, its control address, its secret)."""
     from homagg.p4 import Controller
     from homagg.p4._pcap_switch import PcapSwitch
 
-    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # the data address: takes datagrams, answers none
-    sink.bind(("127.0.0.1", 0))
-    grpc_port = free_port()
-    with PcapSwitch(tmp_path / "bmv2", [1], {}, grpc_port=grpc_port, bmv2_args=("--log-level", "off")) as sw:
+    with PcapSwitch(folder, [1], {}, grpc_port=free_port(), bmv2_args=("--log-level", "off")) as sw:
         cfg = _cfg(sw.grpc_addr)
         with Controller(cfg.grpc, 0, p4info=built.p4info, bmv2_json=built.json, timeout=10) as ctl:
             ctl.push()
@@ -89,31 +90,54 @@ def test_stalled_round_learns_its_job_was_removed_without_p4runtime(tmp_path: Pa
         agent, addr, secret = _agent(sw, cfg, built=built)
         agent.start()
         try:
-            with ControlClient(addr, timeout=10, secret=secret) as client:
-                job = client.admit(world_size=1, n_slots=4, words_per_packet=8)
-                port = UdpSwitchPort(sink.getsockname(), job=job, rank=0, control=addr, secret=secret, timeout=30)
-                try:
-                    assert port._job_known() is True
-                    sessions = agent.p4runtime_sessions  # admit and register wrote the switch
-                    remove_at = 4.5  # the probe asks at ~2, 3 and 4 s of stall: the job is still there
-
-                    def remove() -> None:
-                        time.sleep(remove_at)
-                        client.remove(job.job_id)
-
-                    remover = threading.Thread(target=remove, daemon=True)
-                    t0 = time.monotonic()
-                    remover.start()
-                    with pytest.raises(SwitchTimeoutError, match="no longer holds this job"):
-                        homagg.allreduce(torch.ones(64), port)
-                    took = time.monotonic() - t0
-                    remover.join(10)
-                    assert remove_at < took < remove_at + 3.0, took
-                    assert port._liveness.job_probes >= 3
-                    assert agent.p4runtime_sessions == sessions + 1  # the remove, no probe
-                    assert port._job_known() is False
-                finally:
-                    port.close()
+            yield agent, addr, secret
         finally:
             agent.stop()
-    sink.close()
+
+
+@pytest.mark.bmv2
+def test_stalled_round_learns_its_job_was_removed_without_p4runtime(tmp_path: Path, built: Any) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink, \
+            _bmv2_with_agent(tmp_path / "bmv2", built) as (agent, addr, secret):
+        sink.bind(("127.0.0.1", 0))  # the data address: takes datagrams, answers none
+        with ControlClient(addr, timeout=10, secret=secret) as client:
+            job = client.admit(world_size=1, n_slots=4, words_per_packet=8)
+            port = UdpSwitchPort(sink.getsockname(), job=job, rank=0, control=addr, secret=secret, timeout=30)
+            try:
+                assert port._job_known().held is True
+                sessions = agent.p4runtime_sessions  # admit and register wrote the switch
+                remove_at = 4.5  # meanwhile the probe asks several times (the job is still there)
+
+                def remove() -> None:
+                    time.sleep(remove_at)
+                    client.remove(job.job_id)
+
+                remover = threading.Thread(target=remove, daemon=True)
+                t0 = time.monotonic()
+                remover.start()
+                with pytest.raises(SwitchTimeoutError, match="no longer holds this job"):
+                    homagg.allreduce(torch.ones(64), port)
+                took = time.monotonic() - t0
+                remover.join(10)
+                assert remove_at < took < remove_at + 3.0, took
+                assert port._liveness.job_probes >= 3
+                assert agent.p4runtime_sessions == sessions + 1  # the remove, no probe
+                assert port._job_known().held is False
+            finally:
+                port.close()
+
+
+@pytest.mark.bmv2
+def test_worker_registered_again_counts_from_its_new_address_only(tmp_path: Path, built: Any) -> None:
+    """The agent writes a job's entries in steps with the epoch of its admission (``add_job(epoch=)``)
+    and drops a worker's old source (``forget_source``): BMv2's admission table, read back over
+    P4Runtime, holds the new address only."""
+    with _bmv2_with_agent(tmp_path / "bmv2", built) as (agent, addr, secret):
+        with ControlClient(addr, timeout=10, secret=secret) as client:
+            job = client.admit(world_size=2, n_slots=4, words_per_packet=8)
+            for wid, port in ((0, 41000), (1, 41001), (0, 41002)):
+                client.register(job.job_id, wid, ("127.0.0.1", port))
+            sources = client.status()["counters"]["sources"]
+            assert [(s["port"], s["job_id"], s["worker_id"]) for s in sources] == [
+                (41002, job.job_id, 0), (41001, job.job_id, 1)]
+            assert [j["job_id"] for j in client.request("status", jobs_only=True)["jobs"]] == [job.job_id]

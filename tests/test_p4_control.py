@@ -179,3 +179,37 @@ def test_p4rate_without_bmv2_says_so(monkeypatch: pytest.MonkeyPatch, capsys: py
     _p4rate.configure_parser(parser)
     with pytest.raises(ConfigError, match="p4c-bm2-ss \\(not on PATH\\), simple_switch_grpc \\(not on PATH\\)"):
         _p4rate.run(parser.parse_args([]))
+
+
+def test_address_converters_one_definition() -> None:
+    """Table keys and parameters of the P4Runtime controller and the BF Runtime writes come from
+    one pair of converters (``homagg.p4._switches``); oracles: ipaddress and the bytes of the MAC."""
+    import ipaddress
+
+    from homagg import ConfigError
+    from homagg.p4 import _controller, _switches, bfrt
+
+    assert _switches.ipv4_int("10.0.0.254") == int(ipaddress.IPv4Address("10.0.0.254")) == 0x0A0000FE
+    assert _switches.mac_int("02:48:41:00:00:Fe") == int.from_bytes(bytes([2, 0x48, 0x41, 0, 0, 0xFE]), "big")
+    for bad in ("10.0.0.256", "10.0.0", "", "::1"):
+        with pytest.raises(ConfigError, match="IPv4"):
+            _switches.ipv4_int(bad)
+    for bad in ("02:48:41:00:00", "0248410000fe", "02-48-41-00-00-fe", "02:48:41:00:00:fg"):
+        with pytest.raises(ConfigError, match="MAC"):
+            _switches.mac_int(bad)
+    for mod in (_controller, bfrt):
+        assert not hasattr(mod, "_ip") and not hasattr(mod, "_mac")
+        assert mod.ipv4_int is _switches.ipv4_int and mod.mac_int is _switches.mac_int
+
+
+def test_controller_check_job_needs_no_switch() -> None:
+    from homagg import ConfigError
+    from homagg.jobs import JobSpec
+    from homagg.p4 import Controller, p4_constants
+
+    pool = p4_constants()["SLOT_POOL_SIZE"].value
+    Controller.check_job(JobSpec(1, 2, slot_base=pool - 4, n_slots=4, words_per_packet=wire.P4_WORDS))
+    with pytest.raises(ConfigError, match="exceed the P4 pool"):
+        Controller.check_job(JobSpec(1, 2, slot_base=pool - 4, n_slots=5, words_per_packet=8))
+    with pytest.raises(ConfigError, match="words_per_packet"):
+        Controller.check_job(JobSpec(1, 2, slot_base=0, n_slots=4, words_per_packet=wire.P4_WORDS + 1))

@@ -186,11 +186,12 @@ class Bmv2ControlAgent:
         spec = JobSpec.from_dict(d)
         if spec.job_id in self.jobs:
             raise ValueError(f"job {spec.job_id} is already admitted")
+        from homagg.p4 import Controller
+
+        Controller.check_job(spec)
         with self._controller() as ctl:
             ctl.check_pipeline()  # the switch runs homagg.p4: worth admitting
-            ctl._check_job(spec)
-            epoch = ctl.new_epoch()
-        self.jobs[spec.job_id] = _Job(spec, epoch)
+        self.jobs[spec.job_id] = _Job(spec, Controller.new_epoch())
         self._event(f"job {spec.job_id} admitted: {spec.world_size} workers, slots {spec.slot_base}.."
                     f"{spec.slot_base + spec.n_slots - 1}")
         return {"job": spec.to_dict()}
@@ -211,11 +212,8 @@ class Bmv2ControlAgent:
         spec = job.with_workers().validate()
         with self._controller() as ctl:
             if old is not None and old.addr != job.workers[wid].addr:  # its old source must not count
-                ctl.write([("delete", ctl.table_entry("admission", {"hdr.ipv4.src_addr": _ip(old.ip),
-                                                                    "hdr.udp.src_port": old.port}))],
-                          ignore_missing=True)
-            ctl.new_epoch = lambda: job.epoch  # type: ignore[method-assign] # cells start from zero once: at admission
-            ctl.add_job(self.cfg, spec)
+                ctl.forget_source(old.ip, old.port)
+            ctl.add_job(self.cfg, spec, epoch=job.epoch)  # cells start from zero once: at admission
         return {"job": spec.to_dict()}
 
     def _cmd_group(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -241,9 +239,3 @@ class Bmv2ControlAgent:
         with self._controller() as ctl:
             counters = ctl.read_counters()
         return {"counters": counters, "jobs": jobs, "faults": None}
-
-
-def _ip(text: str) -> int:
-    import ipaddress
-
-    return int(ipaddress.IPv4Address(text))

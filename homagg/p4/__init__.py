@@ -2,7 +2,11 @@
 
 * :mod:`homagg.p4.source`      — reads constants, header layouts and drop reason names out of
   ``p4/*.p4`` (no tools).
-* :mod:`homagg.p4._build`      — ``homagg p4 build``: runs ``p4c-bm2-ss`` into ``p4/build/``.
+* :mod:`homagg.p4._build`      — ``homagg p4 build``: runs ``p4c-bm2-ss`` into ``p4/build/``
+  (``--target tofino|tofino2``: :mod:`homagg.p4._tofino`, bf-p4c; what the compiled Tofino
+  program aggregates: :mod:`homagg.p4._compiled`; both builds run their compiler through
+  :mod:`homagg.p4._tool`).
+* :mod:`homagg.p4.bfrt`        — the BF Runtime writes that admit a job on the Tofino program.
 * :mod:`homagg.p4._switches`   — the ``bmv2`` section of a job file (:class:`SwitchConfig`).
 * :mod:`homagg.p4._session`    — one P4Runtime session: pipeline push/check, idempotent writes.
 * :mod:`homagg.p4._controller` — :class:`Controller`: the homagg operations (configure, jobs,

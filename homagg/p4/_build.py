@@ -11,21 +11,19 @@ Invariant: a successful :func:`build` returns paths that exist and were written 
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._errors import ConfigError, HomAggError
+from .._errors import ConfigError
+from . import _tofino
+from ._tool import BuildError, find_tool, run_tool
 from .source import P4_DIR
 
 __all__ = ["BuildError", "BuildResult", "build", "default_build_dir", "configure_parser", "run"]
 
 P4C = "p4c-bm2-ss"
-
-
-class BuildError(HomAggError):
-    """p4c is missing, failed, or (with ``werror``) warned."""
+_WHERE = "README.md, section 'Getting p4c and BMv2'"
 
 
 @dataclass(frozen=True)
@@ -42,9 +40,7 @@ def default_build_dir() -> Path:
 
 
 def compiler_version(p4c: str = P4C) -> str:
-    exe = shutil.which(p4c)
-    if exe is None:
-        raise BuildError(f"{p4c} not on PATH; see README.md, section 'Getting p4c and BMv2'")
+    exe = find_tool(p4c, _WHERE)
     out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
     return (out.stdout or out.stderr).strip().splitlines()[-1] if (out.stdout or out.stderr) else "unknown"
 
@@ -55,9 +51,7 @@ def build(out_dir: Path | None = None, *, werror: bool = False, p4c: str = P4C,
     src = source or P4_DIR / "homagg.p4"
     if not src.is_file():
         raise ConfigError(f"{src} not found")
-    exe = shutil.which(p4c)
-    if exe is None:
-        raise BuildError(f"{p4c} not on PATH; see README.md, section 'Getting p4c and BMv2'")
+    exe = find_tool(p4c, _WHERE)
     out = (out_dir or default_build_dir()).resolve()
     out.mkdir(parents=True, exist_ok=True)
     json_path, p4info, log = out / "homagg.json", out / "homagg.p4info.txtpb", out / "p4c.log"
@@ -68,15 +62,12 @@ def build(out_dir: Path | None = None, *, werror: bool = False, p4c: str = P4C,
            "--p4runtime-files", str(p4info), str(src)]
     if werror:
         cmd.insert(1, "--Werror")
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    text = proc.stdout + proc.stderr
-    log.write_text(" ".join(cmd) + "\n" + text)
-    warnings = tuple(line for line in text.splitlines() if "warning" in line.lower())
-    if proc.returncode != 0 or not json_path.is_file() or not p4info.is_file():
-        raise BuildError(f"{p4c} failed (exit {proc.returncode}):\n{text.strip()}")
-    if werror and warnings:
-        raise BuildError("compiler warnings:\n" + "\n".join(warnings))
-    return BuildResult(json_path, p4info, log, warnings, compiler_version(p4c))
+    ran = run_tool(cmd, log)
+    if ran.returncode != 0 or not json_path.is_file() or not p4info.is_file():
+        raise ran.failure(p4c, whole=True)
+    if werror:
+        ran.refuse_warnings()
+    return BuildResult(json_path, p4info, log, ran.warnings, compiler_version(p4c))
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -90,8 +81,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "target", "bmv2") != "bmv2":
-        from . import _tofino
-
         tb = _tofino.build(args.target, args.out, werror=args.werror)
         for w in tb.warnings:
             print(w)

@@ -2,9 +2,9 @@
 
 :class:`Controller` is a :class:`~homagg.p4._session.P4RuntimeSession` (``push``,
 ``check_pipeline``, idempotent writes) plus: ``configure`` (service address, L2 entries, flood
-group), ``add_job`` (admission entries carrying the job's token, result rewrite, multicast group, a
-fresh admission epoch),
-``remove_job`` and ``read_counters`` (drop reasons named as the emulator's counters, packets per
+group), ``check_job`` (does a job fit the program), ``add_job`` (admission entries carrying the
+job's token, result rewrite, multicast group, an admission epoch), ``forget_source``, ``remove_job``
+and ``read_counters`` (drop reasons named as the emulator's counters, packets per
 admitted source).  Every operation is idempotent.
 
 Registers are never written over P4Runtime: PI (the P4Runtime server in ``simple_switch_grpc``)
@@ -26,18 +26,10 @@ from .._errors import ConfigError
 from ..jobs import JobSpec
 from ..wire import P4_WORDS
 from ._session import P4RuntimeSession
-from ._switches import SwitchConfig
+from ._switches import SwitchConfig, ipv4_int, mac_int
 from .source import P4Const, drop_reason_names, p4_constants
 
 __all__ = ["Controller"]
-
-
-def _mac(text: str) -> int:
-    return int(text.replace(":", ""), 16)
-
-
-def _ip(text: str) -> int:
-    return int(ipaddress.IPv4Address(text))
 
 
 class Controller(P4RuntimeSession):
@@ -67,53 +59,68 @@ class Controller(P4RuntimeSession):
         """Service address, L2 forwarding entries and the flood group (idempotent)."""
         ups: list[tuple[str, Any]] = []
         if sw.service_ip:
-            ups.append(("insert", self.table_entry("local_address", {"hdr.ipv4.dst_addr": _ip(sw.service_ip)},
+            ups.append(("insert", self.table_entry("local_address", {"hdr.ipv4.dst_addr": ipv4_int(sw.service_ip)},
                                                    "service_address")))
         for h in sw.hosts:
-            ups.append(("insert", self.table_entry("l2_forward", {"hdr.ethernet.dst_addr": _mac(h.mac)},
+            ups.append(("insert", self.table_entry("l2_forward", {"hdr.ethernet.dst_addr": mac_int(h.mac)},
                                                    "to_port", {"port": h.port})))
         flood = self.consts["FLOOD_GROUP"].value
         ups.append(("insert", self.multicast_entity(flood, [(p, 0) for p in sw.ports])))
         self.write(ups)
 
-    def _check_job(self, job: JobSpec) -> None:
-        pool = self.consts["SLOT_POOL_SIZE"].value
+    @staticmethod
+    def check_job(job: JobSpec) -> None:
+        """:class:`~homagg.ConfigError` unless ``job`` fits the P4 program: its slots inside the
+        pool (``SLOT_POOL_SIZE``), at most ``P4_WORDS`` words per packet.  Needs no switch."""
+        pool = p4_constants()["SLOT_POOL_SIZE"].value
         if job.slot_base + job.n_slots > pool:
             raise ConfigError(f"job {job.job_id}: slots [{job.slot_base}, +{job.n_slots}) exceed the P4 pool of {pool}")
         if job.words_per_packet > P4_WORDS:
             raise ConfigError(f"job {job.job_id}: words_per_packet {job.words_per_packet} > {P4_WORDS} (P4 target)")
 
-    def add_job(self, sw: SwitchConfig, job: JobSpec) -> None:
-        """Admit ``job`` (every worker with an address): entries, multicast group, fresh epoch.
+    def add_job(self, sw: SwitchConfig, job: JobSpec, *, epoch: int | None = None) -> None:
+        """Admit ``job`` (every worker with an address): entries, multicast group, an epoch.
 
         Each ``admit`` entry carries ``job.token`` (wire v2): the data plane drops a packet of the
         source whose header token differs (``drop_token``).  A job with token 0 is unprotected.
 
         The epoch (see the module doc) makes every cell of the job's slot range read as zero, as a
-        newly admitted job's state in the emulator; admitting again starts from zero again.
+        newly admitted job's state in the emulator; admitting again starts from zero again.  By
+        default a fresh one (:meth:`new_epoch`); a caller that writes a job's entries in steps (a
+        control agent, as workers register) passes the epoch it chose at admission, so that a later
+        step does not reset the cells of the workers already running.
         """
         job.validate()
-        self._check_job(job)
+        self.check_job(job)
         if not sw.service_ip or not sw.service_mac:
             raise ConfigError(f"switch {sw.name} has no service address: it cannot aggregate")
-        epoch = self.new_epoch()
+        if epoch is None:
+            epoch = self.new_epoch()
+        elif not 0 < epoch < 1 << 32:
+            raise ConfigError(f"epoch {epoch}: nonzero, 32 bits")
         group = self.mcast_group(job.job_id)
         ups: list[tuple[str, Any]] = []
         replicas = []
         for w in sorted(job.workers, key=lambda w: w.worker_id):
             h = sw.host(w.ip)
             ups.append(("insert", self.table_entry(
-                "admission", {"hdr.ipv4.src_addr": _ip(w.ip), "hdr.udp.src_port": w.port}, "admit",
+                "admission", {"hdr.ipv4.src_addr": ipv4_int(w.ip), "hdr.udp.src_port": w.port}, "admit",
                 {"job_id": job.job_id, "worker_id": w.worker_id, "slot_base": job.slot_base, "n_slots": job.n_slots,
                  "world_size": job.world_size, "words_per_packet": job.words_per_packet, "mcast_grp": group,
                  "worker_port": h.port, "epoch": epoch, "token": job.token})))
             ups.append(("insert", self.table_entry(
                 "result_rewrite", {"hdr.homagg.job_id": job.job_id, "hdr.homagg.worker_id": w.worker_id}, "to_worker",
-                {"switch_mac": _mac(sw.service_mac), "switch_ip": _ip(sw.service_ip), "worker_mac": _mac(h.mac),
-                 "worker_ip": _ip(w.ip), "worker_port": w.port})))
+                {"switch_mac": mac_int(sw.service_mac), "switch_ip": ipv4_int(sw.service_ip),
+                 "worker_mac": mac_int(h.mac), "worker_ip": ipv4_int(w.ip), "worker_port": w.port})))
             replicas.append((h.port, w.worker_id))
         ups.append(("insert", self.multicast_entity(group, replicas)))
         self.write(ups)
+
+    def forget_source(self, ip: str, port: int) -> None:
+        """Delete the admission entry of source ``(ip, port)`` (none: nothing to do), e.g. a
+        worker's old address after it registered again from another: its datagrams no longer count."""
+        self.write([("delete", self.table_entry("admission", {"hdr.ipv4.src_addr": ipv4_int(ip),
+                                                              "hdr.udp.src_port": port}))], ignore_missing=True)
 
     def remove_job(self, sw: SwitchConfig, job: JobSpec) -> None:
         """Forget ``job``: its entries and group go (missing pieces ignored).
@@ -123,7 +130,7 @@ class Controller(P4RuntimeSession):
         """
         ups: list[tuple[str, Any]] = []
         for w in job.workers:
-            ups.append(("delete", self.table_entry("admission", {"hdr.ipv4.src_addr": _ip(w.ip),
+            ups.append(("delete", self.table_entry("admission", {"hdr.ipv4.src_addr": ipv4_int(w.ip),
                                                                  "hdr.udp.src_port": w.port})))
             ups.append(("delete", self.table_entry("result_rewrite", {"hdr.homagg.job_id": job.job_id,
                                                                       "hdr.homagg.worker_id": w.worker_id})))

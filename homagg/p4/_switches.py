@@ -18,6 +18,8 @@ string addresses; malformed descriptions raise :class:`~homagg.ConfigError`.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,26 @@ from typing import Any
 from .._errors import ConfigError
 from ..jobs import read_job_file
 
-__all__ = ["HostPort", "SwitchConfig", "load_switches"]
+__all__ = ["HostPort", "SwitchConfig", "load_switches", "ipv4_int", "mac_int"]
+
+_MAC = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}")
+
+
+def ipv4_int(text: str) -> int:
+    """A dotted IPv4 address as the 32-bit integer a table key or action parameter holds;
+    :class:`~homagg.ConfigError` if it is not one."""
+    try:
+        return int(ipaddress.IPv4Address(text))
+    except ValueError as exc:
+        raise ConfigError(f"{text!r} is not an IPv4 address") from exc
+
+
+def mac_int(text: str) -> int:
+    """A MAC address ``aa:bb:cc:dd:ee:ff`` as the 48-bit integer a table key or action parameter
+    holds; :class:`~homagg.ConfigError` if it is not one."""
+    if not isinstance(text, str) or not _MAC.fullmatch(text):
+        raise ConfigError(f"{text!r} is not a MAC address (aa:bb:cc:dd:ee:ff)")
+    return int(text.replace(":", ""), 16)
 
 
 @dataclass(frozen=True)

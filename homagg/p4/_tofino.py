@@ -24,17 +24,15 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
 from ..wire import P4_WORDS
-from ._build import BuildError
 from ._compiled import compiled_words
+from ._tool import BuildError, find_tool, run_tool
 from .source import P4_DIR
 
 __all__ = ["TARGETS", "TofinoBuild", "Resources", "build", "summarize", "bf_p4c", "PADDING", "PLACED",
@@ -90,10 +88,7 @@ class TofinoBuild:
 
 def bf_p4c() -> str:
     """Path of bf-p4c; :class:`BuildError` when it is not on PATH."""
-    exe = shutil.which(BF_P4C)
-    if exe is None:
-        raise BuildError(f"{BF_P4C} not on PATH; see docs/p4-tofino.md (. /opt/bfp4c/env.sh)")
-    return exe
+    return find_tool(BF_P4C, "docs/p4-tofino.md (. /opt/bfp4c/env.sh)")
 
 
 def summarize(out: Path) -> Resources:
@@ -148,12 +143,8 @@ def build(target: str, out_dir: Path | None = None, *, werror: bool = False, wor
         if words is not None:
             cmd.append(f"-DTOFINO_WORDS={words}")
         cmd.append(str(src))
-        t0 = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        seconds = time.monotonic() - t0
-        text = proc.stdout + proc.stderr
-        (staging / "bf-p4c.log").write_text(" ".join(cmd) + "\n" + text)
-        ok = proc.returncode == 0 and (staging / "pipe" / name).is_file()
+        ran = run_tool(cmd, staging / "bf-p4c.log")
+        ok = ran.returncode == 0 and (staging / "pipe" / name).is_file()
         if not ok:  # keep the log only: the outputs of an earlier build would not be this source's
             for entry in staging.iterdir():
                 if entry.name != "bf-p4c.log":
@@ -161,16 +152,14 @@ def build(target: str, out_dir: Path | None = None, *, werror: bool = False, wor
         place_outputs(staging, out, own_folder=out_dir is None)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # the folder made above: empty unless a move failed
-    log, binary = out / "bf-p4c.log", out / "pipe" / name
     if not ok:
-        errors = [line for line in text.splitlines() if "error" in line.lower()]
-        raise BuildError(f"bf-p4c --target {tgt} failed (exit {proc.returncode}):\n" + "\n".join(errors or [text.strip()]))
-    warnings = tuple(line for line in text.splitlines() if re.search(r"\bwarning\b", line, re.I))
+        raise ran.failure(f"bf-p4c --target {tgt}")
+    if werror:
+        ran.refuse_warnings(allowed=PADDING)
+    warnings = ran.warnings
     padding = tuple(w for w in warnings if PADDING.search(w))
-    other = [w for w in warnings if not PADDING.search(w)]
-    if werror and other:
-        raise BuildError("compiler warnings:\n" + "\n".join(other))
-    return TofinoBuild(target, out, out / "bfrt.json", binary, log, warnings, padding, seconds, summarize(out))
+    return TofinoBuild(target, out, out / "bfrt.json", out / "pipe" / name, out / "bf-p4c.log", warnings, padding,
+                       ran.seconds, summarize(out))
 
 
 def _remove(path: Path) -> None:

@@ -20,7 +20,6 @@ controller's (:meth:`homagg.p4.Controller.mcast_group`).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 from .._errors import ConfigError
 from ..jobs import JobSpec
 from ._controller import Controller
-from ._switches import SwitchConfig
+from ._switches import SwitchConfig, ipv4_int, mac_int
 from ._compiled import compiled_words as _compiled_words
 from .source import p4_constants
 
@@ -52,14 +51,6 @@ class BfrtWrite:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-def _ip(text: str) -> int:
-    return int(ipaddress.IPv4Address(text))
-
-
-def _mac(text: str) -> int:
-    return int(text.replace(":", ""), 16)
-
-
 def load_bfrt(path: str | Path) -> dict[str, Any]:
     """The compiled ``bfrt.json`` as a dict; :class:`~homagg.ConfigError` if unreadable."""
     try:
@@ -72,10 +63,10 @@ def switch_entries(sw: SwitchConfig) -> list[BfrtWrite]:
     """Service address, L2 forwarding and the flood group (as :meth:`Controller.configure`)."""
     out: list[BfrtWrite] = []
     if sw.service_ip:
-        out.append(BfrtWrite(_IG + "admission.local_address", {"hdr.ipv4.dst_addr": _ip(sw.service_ip)},
+        out.append(BfrtWrite(_IG + "admission.local_address", {"hdr.ipv4.dst_addr": ipv4_int(sw.service_ip)},
                              "HomaggIngress.admission.service_address"))
     for h in sw.hosts:
-        out.append(BfrtWrite(_IG + "forward.l2_forward", {"hdr.ethernet.dst_addr": _mac(h.mac)},
+        out.append(BfrtWrite(_IG + "forward.l2_forward", {"hdr.ethernet.dst_addr": mac_int(h.mac)},
                              "HomaggIngress.forward.to_port", {"port": h.port}))
     flood = p4_constants()["FLOOD_GROUP"].value
     out += _group(flood, [(p, 0) for p in sw.ports])
@@ -114,7 +105,7 @@ def job_entries(sw: SwitchConfig, job: JobSpec, *, words: int) -> list[BfrtWrite
     replicas = []
     for w in sorted(job.workers, key=lambda w: w.worker_id):
         h = sw.host(w.ip)
-        src = {"hdr.ipv4.src_addr": _ip(w.ip), "hdr.udp.src_port": w.port}
+        src = {"hdr.ipv4.src_addr": ipv4_int(w.ip), "hdr.udp.src_port": w.port}
         out.append(BfrtWrite(_IG + "admission.admission", src, "HomaggIngress.admission.admit",
                              {"world_size": job.world_size, "mcast_grp": group, "worker_port": h.port}))
         ids = {**src, "hdr.homagg.job_id": job.job_id, "hdr.homagg.worker_id": w.worker_id}
@@ -126,8 +117,8 @@ def job_entries(sw: SwitchConfig, job: JobSpec, *, words: int) -> list[BfrtWrite
         out.append(BfrtWrite(_EG + "rewrite.result_rewrite",
                              {"hdr.homagg.job_id": job.job_id, "hdr.homagg.worker_id": w.worker_id},
                              "HomaggEgress.rewrite.to_worker",
-                             {"switch_mac": _mac(sw.service_mac), "switch_ip": _ip(sw.service_ip),
-                              "worker_mac": _mac(h.mac), "worker_ip": _ip(w.ip), "worker_port": w.port}))
+                             {"switch_mac": mac_int(sw.service_mac), "switch_ip": ipv4_int(sw.service_ip),
+                              "worker_mac": mac_int(h.mac), "worker_ip": ipv4_int(w.ip), "worker_port": w.port}))
         replicas.append((h.port, w.worker_id))
     out.append(BfrtWrite(_IG + "admission.word_limit",
                          {"hdr.homagg.job_id": job.job_id, "hdr.homagg.word_count": (1, job.words_per_packet),

@@ -13,6 +13,7 @@ control plane (:mod:`homagg.p4.bfrt`) writes for a job file, with values fitting
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -180,6 +181,28 @@ def test_place_outputs_refuses_to_replace_the_users_entries(tmp_path: Path) -> N
     # the build's own folder (p4/build/<target>): outputs of the same name are its own
     _tofino.place_outputs(staging, out, own_folder=True)
     assert (out / "source.json").read_text() == "1" and (out / USER_FILE[0]).read_text() == USER_FILE[1]
+
+
+def test_place_outputs_replaces_a_build_made_before_the_list(tmp_path: Path) -> None:
+    """A folder an earlier version built into (bf-p4c's outputs straight in it, no list of them):
+    recognised by bf-p4c's manifest of homagg_tofino.p4 with -o that folder, replaced; a manifest
+    of another program or folder is not."""
+    out = tmp_path / "out"
+    out.mkdir()
+    _user_files(out)
+    for name in ("bfrt.json", "source.json", "stage_adv.log"):
+        (out / name).write_text("old")
+    (out / "pipe").mkdir()
+    for other in (f"-o {tmp_path / 'elsewhere'} /x/p4/tofino/homagg_tofino.p4", f"-o {out} /x/other.p4"):
+        (out / "manifest.json").write_text(json.dumps({"compile_command": f"/opt/bf-p4c --target tofino -g {other}"}))
+        with pytest.raises(_tofino.BuildError, match="not written by a homagg Tofino build"):
+            _tofino.place_outputs(_staged(tmp_path, {"bfrt.json": "new", "pipe/tofino.bin": "new"}), out)
+    (out / "manifest.json").write_text(json.dumps(
+        {"compile_command": f"/opt/bfp4c/bin/bf-p4c --target tofino --arch tna -g -o {out} /x/p4/tofino/homagg_tofino.p4"}))
+    _tofino.place_outputs(_staged(tmp_path, {"bfrt.json": "new", "pipe/tofino.bin": "new"}), out)
+    _assert_user_files(out)
+    assert (out / "bfrt.json").read_text() == "new" and not (out / "source.json").exists()
+    assert not (out / "manifest.json").exists() and _tofino.placed_names(out) == {"bfrt.json", "pipe"}
 
 
 @pytest.mark.tofino

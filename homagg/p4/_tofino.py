@@ -170,12 +170,30 @@ def _remove(path: Path) -> None:
 
 
 def placed_names(out: Path) -> set[str]:
-    """Names of the entries an earlier build placed in ``out`` (``PLACED``; plain names only)."""
+    """Names of the entries an earlier build placed in ``out``: those ``PLACED`` lists (plain names
+    only); without it, the outputs of a build made before ``PLACED`` existed, which compiled
+    straight into ``out`` (:data:`_EARLIER_OUTPUTS`, when ``out/manifest.json`` is bf-p4c's for
+    ``homagg_tofino.p4`` with ``-o out``); else none."""
     try:
         lines = (out / PLACED).read_text().splitlines()
     except OSError:
-        return set()
+        return _earlier_build(out)
     return {n for n in lines if n and n not in (".", "..", PLACED) and "/" not in n and "\\" not in n}
+
+
+#: what bf-p4c -g writes for p4/tofino/homagg_tofino.p4, plus the build's log
+_EARLIER_OUTPUTS = frozenset({"bf-p4c.log", "bfrt.json", "events.json", "frontend-ir.json", "homagg_tofino.p4pp",
+                              "manifest.json", "pipe", "source.json", "stage_adv.log"})
+
+
+def _earlier_build(out: Path) -> set[str]:
+    try:
+        command = str(json.loads((out / "manifest.json").read_text()).get("compile_command", ""))
+    except (OSError, ValueError, AttributeError):
+        return set()
+    args = command.split()
+    ours = "-o" in args and args.index("-o") + 1 < len(args) and Path(args[args.index("-o") + 1]) == out
+    return set(_EARLIER_OUTPUTS) if ours and args[-1].endswith("homagg_tofino.p4") else set()
 
 
 def place_outputs(staging: Path, out: Path, *, own_folder: bool = False) -> list[str]:

@@ -261,7 +261,8 @@ def test_cuda_tensors_match_cpu_and_state_stays_on_device(spec: str) -> None:
         comps = [Compressor(spec) for _ in range(world)]
         sw = InProcessSwitch(world)
         for _ in range(3):
-            res = on_threads(lambda r: comps[r].allreduce(xs[r].to(dev), sw.port(r), key="c"), world)
+            # copies: the allreduce writes in place, and .to("cpu") of a CPU tensor is the tensor itself
+            res = on_threads(lambda r: comps[r].allreduce(xs[r].to(dev, copy=True), sw.port(r), key="c"), world)
         out[dev] = res[0].cpu()
         assert res[0].device.type == dev
         if comps[0].feedback is not None:

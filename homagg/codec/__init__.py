@@ -14,7 +14,8 @@ The modules, top down (each imports only those below it, and :mod:`homagg.transp
 * ``_pipeline`` -- a large tensor in segments, earlier segments decoding while later ones travel;
 * ``_schemes`` -- the schemes' protocols, written as generators of rounds, and the cost model;
 * ``_descriptor``, ``_sketch`` -- the call descriptor checked by every rank; the count sketch;
-* ``_worker`` -- one worker's view of one tensor, and the exchange of one round;
+* ``_worker`` -- one worker's view of one tensor, and the exchange of one round (its decoding
+  half in ``_decoding``);
 * ``_bitmap``, ``_blocks``, ``_fixedpoint``, ``_hostops`` -- bitmaps, block fixed point (whole
   dense tensors and index lists), the O(n) scans and scatters;
 * ``_native`` -- the optional C kernels (``_native_kernels.c``, ``_dense_kernels.c``, built as

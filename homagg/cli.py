@@ -27,6 +27,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "switch"), "homagg.bench._switch", "emulator goodput vs gloo allreduce"),
     (("bench", "ddp"), "homagg.bench._ddp", "DDP step time, homagg vs gloo"),
     (("bench", "allreduce"), "homagg.bench._allreduce", "dist.all_reduce, homagg vs gloo: density x size x world x scheme"),
+    (("bench", "latency"), "homagg.bench._latency", "small all_reduce calls: p50/p90/p99 per call, homagg vs gloo, and one emulator round trip"),
     (("bench", "net"), "homagg.bench._net", "all_reduce on rate-shaped links (netns + tc, root): homagg vs gloo ring"),
     (("bench", "models"), "homagg.bench._models", "DDP iteration time of NCF, LSTM, VGG19, BERT on shaped links (root): homagg vs gloo, PowerSGD, fp16"),
     (("bench", "compress"), "homagg.bench._convergence", "convergence of compressed DDP training (top-k, DGC, 1-bit, TernGrad, QSGD, PowerSGD) vs exact"),

@@ -1,0 +1,137 @@
+"""What one rank of ``homagg bench latency`` does (started by :mod:`homagg.bench._latency`).
+
+A rank joins the default group of one backend (``gloo``, or ``homagg`` with one scheme through
+``pg_options``) and, for every size it is given, makes ``warmup`` calls and then ``calls`` timed
+calls of ``dist.all_reduce`` on a dense fp32 tensor (:func:`~homagg.bench._allreduce_rank.make_tensor`,
+density 1), and prints one JSON line per size.
+
+Input (``--input``): ``fresh`` -- every call gets a new tensor (a clone of the rank's input, made
+before the clock starts); ``same`` -- one tensor for every call, its input values copied back into
+it before the clock starts.  Pace (``--pace``): ``loop`` -- calls back to back, as a training loop
+issues them; ``barrier`` -- a ``dist.barrier()`` before every call (the ranks start each call
+together; the barrier is not timed).
+
+Per timed call every rank records its wall time (``perf_counter`` around ``dist.all_reduce``) and
+its own CPU time, user and system apart (``getrusage(RUSAGE_SELF)``: every thread of the process,
+the group's worker and gloo's threads included; Linux accounts it to the nanosecond, so one call's
+figure is not rounded to a tick).  Rank 0 also reads the embedded emulator's CPU over all timed
+calls (``/proc``, 10 ms ticks: the mean per call).  homagg ranks report the group's rounds of the
+size's first call (no history yet) and per timed call.
+
+Checks (outside the timed region): every rank digests every result (the launcher compares them:
+every rank got rank 0's result, bit for bit, on every call) and rank 0 checks each distinct result
+against the float64 sum within the documented bound (``W * 2**-22 * M`` per element).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from ._allreduce_rank import check_result, make_tensor, oracle, switch_pid
+from ._cpu import process_cpu
+from ._ranks import RECORD_MARK, die_with_launcher
+
+__all__ = ["rank_main", "one_size"]
+
+
+def _rounds(pg: Any) -> int | None:
+    stats = getattr(pg, "stats", None)
+    return None if stats is None else int(stats.rounds)
+
+
+def one_size(pg: Any, numel: int, calls: int, warmup: int, fresh: bool, barrier: bool, seed: int,
+             block: int) -> dict[str, Any]:
+    """Time ``warmup + calls`` all_reduces of ``numel`` fp32 elements; the rank's report."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    load = os.getloadavg()
+    x = make_tensor(numel, 1.0, rank, seed)
+    same = x.clone()
+    exact, bound = oracle(numel, 1.0, world, seed, block) if rank == 0 else (None, None)
+    times: list[float] = []
+    cpu_user: list[float] = []
+    cpu_sys: list[float] = []
+    digests: list[str] = []
+    checked: set[str] = set()
+    ok, max_err = True, 0.0
+    switch = switch_pid(pg) if rank == 0 else None
+    switch0: tuple[float, float] | None = None
+    rounds0 = _rounds(pg)
+    first_rounds = timed_rounds0 = None
+    for call in range(warmup + calls):
+        if call == warmup:
+            timed_rounds0 = _rounds(pg)
+            switch0 = process_cpu(switch) if switch is not None else None
+        if fresh:
+            buf = x.clone()
+        else:
+            buf = same
+            buf.copy_(x)
+        if barrier:
+            dist.barrier()
+        use0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        elapsed = time.perf_counter() - t0
+        use1 = resource.getrusage(resource.RUSAGE_SELF)
+        if call == 0 and rounds0 is not None:
+            first_rounds = _rounds(pg) - rounds0  # type: ignore[operator]
+        digest = hashlib.blake2b(buf.numpy()).hexdigest()
+        if call >= warmup:
+            times.append(elapsed)
+            cpu_user.append(use1.ru_utime - use0.ru_utime)
+            cpu_sys.append(use1.ru_stime - use0.ru_stime)
+            digests.append(digest)
+        if exact is not None and bound is not None and digest not in checked:
+            checked.add(digest)
+            call_ok, call_err = check_result(buf, exact, bound, block)
+            ok, max_err = ok and call_ok, max(max_err, call_err)
+        if call % 50 == 49:  # progress: every stdout line resets the launcher's stall timer
+            print(f"call {call + 1} of {warmup + calls} done ({numel} elements)", flush=True)
+    timed_rounds = _rounds(pg)
+    switch1 = process_cpu(switch) if switch is not None else None
+    out: dict[str, Any] = {
+        "numel": numel, "times": times, "cpu_user": cpu_user, "cpu_sys": cpu_sys, "digests": digests,
+        "load_avg": list(load), "first_call_rounds": first_rounds,
+        "rounds_per_call": (None if timed_rounds is None or timed_rounds0 is None
+                            else (timed_rounds - timed_rounds0) / calls),
+        "switch_cpu_s_per_call": (None if switch0 is None or switch1 is None
+                                  else (sum(switch1) - sum(switch0)) / calls),
+    }
+    if rank == 0:
+        out.update(within_bound=ok, max_abs_err=max_err, distinct_results=len(checked))
+    return out
+
+
+def rank_main(args: argparse.Namespace) -> int:
+    """Entry point of a rank (hidden ``--_worker``): one JSON line per size on stdout."""
+    die_with_launcher()
+    import torch.distributed as dist
+
+    import homagg
+    import homagg.torch  # noqa: F401 - registers the backend
+
+    torch.set_num_threads(1)
+    backend = args._backend
+    options = {"scheme": args.scheme} if backend == "homagg" else None
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout), pg_options=options)
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        block = homagg.CodecConfig().block_size
+        for numel in args.numel:
+            line = one_size(pg, numel, args.calls, args.warmup, args.input == "fresh", args.pace == "barrier",
+                            args.seed, block)
+            print(f"\n{RECORD_MARK}{json.dumps(line)}", flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0

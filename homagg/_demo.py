@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
+from . import _options as opt
 from .codec._config import SCHEMES
 from ._errors import ConfigError
 from .testing import UdpJobConfig, gradients, run_udp_job, verify_udp_results
@@ -43,18 +43,14 @@ def check_args(args: argparse.Namespace, schemes: list[str]) -> None:
     """:class:`ConfigError` naming the first option outside what it accepts (before anything starts)."""
     from switch_emulator.faults import FaultConfig
 
-    bad = [(not 1 <= args.workers <= MAX_WORKERS, f"--workers {args.workers} outside 1..{MAX_WORKERS}"),
-           (args.numel < 1, f"--numel {args.numel}: need at least 1 element"),
-           (not 0 < args.density <= 1, f"--density {args.density:g} outside (0, 1]"),
-           (bool(set(schemes) - set(SCHEMES)) or not schemes,
-            f"--schemes {args.schemes!r}: choose from {', '.join(SCHEMES)}"),
-           (args.words_per_packet is not None and not 1 <= args.words_per_packet <= MAX_WORDS_JUMBO,
-            f"--words-per-packet {args.words_per_packet} outside 1..{MAX_WORDS_JUMBO}"),
-           (not 1 <= args.slots <= MAX_SLOTS, f"--slots {args.slots} outside 1..{MAX_SLOTS}"),
-           (not (math.isfinite(args.timeout) and args.timeout > 0), f"--timeout {args.timeout:g}: need > 0 seconds")]
-    for wrong, message in bad:
-        if wrong:
-            raise ConfigError(message)
+    opt.count("--workers", args.workers, 1, MAX_WORKERS)
+    opt.count("--numel", args.numel)
+    opt.within("--density", args.density, "(0, 1]")
+    opt.names("--schemes", schemes, SCHEMES, args.schemes)
+    if args.words_per_packet is not None:
+        opt.count("--words-per-packet", args.words_per_packet, 1, MAX_WORDS_JUMBO)
+    opt.count("--slots", args.slots, 1, MAX_SLOTS)
+    opt.seconds("--timeout", args.timeout)
     try:
         FaultConfig(drop=args.drop)
     except ConfigError as exc:

@@ -37,8 +37,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import _options as opt
 from ..codec._config import SCHEMES, CodecConfig
-from .._errors import HomAggError
+from .._errors import ConfigError, HomAggError
+from ..wire import MAX_WORKERS
 from ._cpu import median_call_split
 from ._load import BackgroundLoad, add_cpu_load_argument, describe_load
 from ._ranks import RECORD_MARK, launch_ranks
@@ -137,23 +139,39 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> dict[str, Any]:
-    """Explicit options win over ``--quick``, which wins over the full defaults; validated."""
+    """Explicit options win over ``--quick``, which wins over the full defaults; validated: a
+    :class:`~homagg.ConfigError` names the first option out of range (before anything starts)."""
     base = QUICK if args.quick else FULL
     sweep = {k: getattr(args, k) if getattr(args, k) is not None else base[k] for k in FULL}
-    if not all(sweep[k] for k in ("world", "numel", "density", "schemes")):
-        raise HomAggError("bench allreduce: --world, --numel, --density and --schemes need at least one value")
-    if min(sweep["world"]) < 1 or min(sweep["numel"]) < 1 or sweep["repeats"] < 1:
-        raise HomAggError("bench allreduce: world sizes, numels and --repeats must be >= 1")
-    if not all(0.0 < d <= 1.0 for d in sweep["density"]):
-        raise HomAggError(f"bench allreduce: densities must lie in (0, 1], got {sweep['density']}")
-    bad = [s for s in sweep["schemes"] if s not in SCHEMES]
-    if bad:
-        raise HomAggError(f"bench allreduce: unknown scheme(s) {bad}; choose from {list(SCHEMES)}")
-    bad = [b for b in sweep["baselines"] if b not in BASELINES]
-    if bad:
-        raise HomAggError(f"bench allreduce: unknown baseline(s) {bad}; choose from {list(BASELINES)}")
+    for key in ("world", "numel", "density"):
+        if not sweep[key]:
+            raise ConfigError(f"--{key}: need at least one value")
+    for world in sweep["world"]:  # every sweep runs homagg (--schemes is never empty)
+        opt.count("--world", world, 1, MAX_WORKERS, why="homagg's worker bitmap")
+    for numel in sweep["numel"]:
+        opt.count("--numel", numel)
+    for density in sweep["density"]:
+        opt.within("--density", density, "(0, 1]")
+    opt.count("--repeats", sweep["repeats"], why="medians are reported")
+    opt.names("--schemes", sweep["schemes"], SCHEMES)
+    opt.names("--baselines", sweep["baselines"], BASELINES)
+    opt.seconds("--timeout", args.timeout)
+    _fits_in_memory(max(sweep["numel"]), max(sweep["world"]))
     sweep["baselines"] = ["gloo"] + [b for b in sweep["baselines"] if b != "gloo"]
     return sweep
+
+
+def _fits_in_memory(numel: int, world: int) -> None:
+    """:class:`~homagg.ConfigError` unless ``world`` ranks' fp32 inputs of ``numel`` elements (the
+    least they hold at once) fit in this host's memory."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return  # not known here
+    need = 4 * numel * world
+    if need > memory:
+        raise ConfigError(f"--numel {numel}: {world} rank(s) holding {numel:,} fp32 elements each need "
+                          f"{need / 2**30:,.1f} GiB, more than this host's {memory / 2**30:,.1f} GiB of memory")
 
 
 def _merge(backend: str, scheme: str | None, world: int, lines: list[dict[str, Any]],

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .._errors import ConfigError
+from .. import _options as opt
 from ..codec._config import SCHEMES, CodecConfig
 from ..codec._schemes import protocol
 from ..codec._stats import WorkerStats
@@ -132,16 +132,13 @@ def run(args: argparse.Namespace) -> int:
     from ._report import print_table
 
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
-    for wrong, message in [(args.numel < 1, f"--numel {args.numel}: need at least 1 element"),
-                           (not 0 < args.density <= 1, f"--density {args.density:g} outside (0, 1]"),
-                           (args.workers < 1, f"--workers {args.workers}: need at least 1"),
-                           (not schemes or bool(set(schemes) - set(SCHEMES)),
-                            f"--schemes {args.schemes!r}: choose from {', '.join(SCHEMES)}"),
-                           (args.repeats < 1, f"--repeats {args.repeats}: need at least 1 (medians are reported)"),
-                           (not 0 <= args.overlap <= 1, f"--overlap {args.overlap:g} outside [0, 1]"),
-                           (args.threads < 0, f"--threads {args.threads}: need >= 0 (0: torch's choice)")]:
-        if wrong:
-            raise ConfigError(message)
+    opt.count("--numel", args.numel)
+    opt.within("--density", args.density, "(0, 1]")
+    opt.count("--workers", args.workers)
+    opt.names("--schemes", schemes, SCHEMES, args.schemes)
+    opt.count("--repeats", args.repeats, why="medians are reported")
+    opt.within("--overlap", args.overlap, "[0, 1]")
+    opt.count("--threads", args.threads, 0, why="0: torch's choice")
     if args.threads:
         torch.set_num_threads(args.threads)
     records = measure(args.numel, args.density, args.workers, schemes, args.repeats, args.overlap, args.device)

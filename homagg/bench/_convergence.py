@@ -35,7 +35,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import _options as opt
 from .._errors import HomAggError
+from ..wire import MAX_WORKERS
 from ._ranks import RECORD_MARK, launch_ranks
 
 __all__ = ["configure_parser", "run", "METHODS", "EF_METHODS", "method_spec", "check_tolerance"]
@@ -90,12 +92,16 @@ def _resolved(args: argparse.Namespace) -> argparse.Namespace:
         args.world = 2 if args.quick else 4
     if args.steps is None:
         args.steps = 150 if args.quick else 400
-    if args.world < 1 or args.steps < 10:
-        raise HomAggError("bench compress: need --world >= 1 and --steps >= 10")
     names = args.methods.split(",") if args.methods else list(QUICK_METHODS if args.quick else METHODS)
-    args.method_names = [m.strip() for m in names if m.strip()]
-    for m in args.method_names:
-        method_spec(m, args.steps)
+    args.method_names = opt.names("--methods", [m.strip() for m in names if m.strip()], METHODS, args.methods)
+    homagg = any(method_spec(m, args.steps).startswith("hom") for m in args.method_names)
+    opt.count("--world", args.world, 1, MAX_WORKERS if homagg else None, why="homagg's worker bitmap" if homagg else "")
+    opt.count("--steps", args.steps, 10)
+    opt.count("--batch", args.batch)
+    opt.positive("--lr", args.lr)
+    opt.within("--momentum", args.momentum, "[0, 1)")
+    opt.within("--tolerance", args.tolerance, "[0, inf)")
+    opt.seconds("--timeout", args.timeout)
     return args
 
 

@@ -23,11 +23,15 @@ import sys
 import time
 from typing import Any
 
+from .. import _options as opt
 from .._errors import HomAggError
+from ..wire import MAX_WORKERS
 from ._report import RETX_KEYS
 
-__all__ = ["configure_parser", "run"]
+__all__ = ["configure_parser", "run", "BACKENDS"]
 
+#: the backends ``--backends`` may name
+BACKENDS = ("homagg", "gloo")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -52,9 +56,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args._worker:
         return _worker(args)
-    if args.world < 1 or args.runs < 1 or args.steps < 1:
-        raise HomAggError("--world, --runs and --steps must be >= 1")
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    backends = _checked(args)
     report: dict[str, Any] = {
         "benchmark": "ddp_step_time",
         "model": {"vocab": args.vocab, "dim": args.dim, "fields": args.fields, "batch_per_rank": args.batch,
@@ -76,6 +78,19 @@ def run(args: argparse.Namespace) -> int:
         with open(args.out, "w") as fh:
             fh.write(text + "\n")
     return 0
+
+
+def _checked(args: argparse.Namespace) -> list[str]:
+    """The backends to run; :class:`~homagg.ConfigError` naming the first option out of range."""
+    backends = opt.names("--backends", [b.strip() for b in args.backends.split(",") if b.strip()], BACKENDS,
+                         args.backends)
+    opt.count("--world", args.world, 1, MAX_WORKERS if "homagg" in backends else None,
+              why="homagg's worker bitmap" if "homagg" in backends else "")
+    for option in ("--runs", "--steps", "--vocab", "--dim", "--batch", "--fields"):
+        opt.count(option, getattr(args, option[2:]))
+    opt.count("--warmup", args.warmup, 0)
+    opt.seconds("--timeout", args.timeout)
+    return backends
 
 
 def _free_port() -> int:

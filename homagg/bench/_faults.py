@@ -48,6 +48,7 @@ from ._chaos import chaos, summary
 from ._chaos import configure_parser as _chaos_parser
 from ._crash import configure_parser as _crash_parser
 from ._crash import crash
+from ._faults_checks import check_faults_args
 from ._faults_rank import SIZES, worker
 
 __all__ = ["configure_parser", "run"]
@@ -348,6 +349,7 @@ def loss(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_faults_args(args)
     chaos_s = min(args.duration, 120.0) if args.quick else args.duration
     if args.quick:
         args.duration = min(args.duration, 8.0)

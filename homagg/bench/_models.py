@@ -43,7 +43,9 @@ import sys
 import time
 from typing import Any
 
-from .._errors import ConfigError, HomAggError
+from .. import _options as opt
+from .._errors import HomAggError
+from ..wire import MAX_WORKERS
 from ._allreduce import _machine, _names
 from ._models_rank import COMPRESS, LOSSY, METHODS
 from ._models_zoo import MODELS, spec
@@ -208,12 +210,16 @@ def run(args: argparse.Namespace) -> int:
     methods = args.methods or list(METHODS)
     for name in models:
         spec(name, args.quick)  # validates
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        raise ConfigError(f"bench models: unknown method(s) {bad}; choose from {list(METHODS)}")
-    if args.world < 2 or args.iterations < 1 or args.warmup < 3 or not args.bw > 0 or not 1280 <= args.mtu <= MAX_MTU:
-        raise ConfigError("bench models: need --world >= 2, --iterations >= 1, --warmup >= 3, --bw > 0 and "
-                          f"1280 <= --mtu <= {MAX_MTU}")
+    opt.names("--methods", methods, METHODS)
+    homagg = any(METHODS[m][0] == "homagg" for m in methods)
+    opt.count("--world", args.world, 2, MAX_WORKERS if homagg else None, why="homagg's worker bitmap" if homagg else "")
+    opt.count("--iterations", args.iterations)
+    opt.count("--warmup", args.warmup, 3, why="so PowerSGD's timed iterations are compressed")
+    if args.batch is not None:
+        opt.count("--batch", args.batch)
+    opt.positive("--bw", args.bw, "Mbit/s")
+    opt.count("--mtu", args.mtu, 1280, MAX_MTU, why="bytes")
+    opt.seconds("--timeout", args.timeout)
     if not args.loopback:
         require_root("homagg bench models", "pass --loopback (unshaped 127.0.0.1, says so in the records)")
     if "gloo" not in methods:

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import _options as opt
 from .._errors import HomAggError
 from ._allreduce import _floats, _machine, _measure, _sweep, add_sweep_arguments, markdown_table
 from ..transport._fastpath import gso_env
@@ -126,14 +127,17 @@ def plot_net(records: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    require_root()
     if args.quick:
         for key, value in QUICK.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
         args.bw = args.bw or [1000.0]
     bws = args.bw or [100.0, 1000.0, 10000.0]
+    for bw in bws:
+        opt.positive("--bw", bw, "Mbit/s")
+    opt.count("--mtu", args.mtu, 1280, MAX_MTU, why="bytes")
     sweep = _sweep(args)
+    require_root()
     out_dir = out_folder(args.out, "net")
     machine = _machine()
     started = time.monotonic()

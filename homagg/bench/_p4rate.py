@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import _options as opt
 from .. import wire
 from .._errors import ConfigError, ProtocolError
 from ..jobs import JobSpec, WorkerAddr
@@ -167,15 +168,27 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, help="write the runs and the median to this file")
 
 
+def _rates(text: str) -> tuple[int, ...]:
+    """``--rates``: ascending positive integers (worker packets/s), else :class:`~homagg.ConfigError`."""
+    try:
+        rates = tuple(int(r) for r in text.split(","))
+    except ValueError:
+        rates = ()
+    if not rates or list(rates) != sorted(rates) or rates[0] <= 0:
+        raise ConfigError(f"--rates {text!r}: need positive integers (packets/s), ascending, comma-separated")
+    return rates
+
+
 def run(args: argparse.Namespace) -> int:
+    opt.count("--rounds", args.rounds)
+    opt.count("--repeats", args.repeats, why="the median is reported")
+    opt.count("--grpc-port", args.grpc_port, 1, 65535)
+    rates = _rates(args.rates)
     missing = missing_requirements()
     if missing:
         raise ConfigError("homagg bench p4rate needs BMv2 and the P4 extras; missing: " + ", ".join(missing)
                           + " (see README.md, section 'Getting p4c and BMv2')")
     bmv2_args = () if args.log_level == "none" else ("--log-level", args.log_level)
-    rates = tuple(int(r) for r in args.rates.split(","))
-    if list(rates) != sorted(rates) or not rates or rates[0] <= 0:
-        raise ConfigError(f"--rates must be positive and ascending, not {args.rates}")
     runs = []
     for i in range(args.repeats):
         r = measure(args.rounds, rates, bmv2_args=bmv2_args, grpc_port=args.grpc_port)

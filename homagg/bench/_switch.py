@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import resource
@@ -48,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _options as opt
 from .._errors import ConfigError, ProtocolError
 from ..wire import HEADER_LEN
 from ._cpu import thread_cpu
@@ -218,10 +218,8 @@ def run(args: argparse.Namespace) -> int:
     from ._report import print_table
     from rich.table import Table
 
-    if args.repeats < 1:
-        raise ConfigError(f"--repeats {args.repeats}: need at least 1 (medians are reported)")
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise ConfigError(f"--timeout {args.timeout:g}: need > 0 seconds")
+    opt.count("--repeats", args.repeats, why="medians are reported")
+    opt.seconds("--timeout", args.timeout)
     console = Console()
     records = []
     for engine in _engines(args.engine):

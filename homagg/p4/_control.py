@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
+from .._options import seconds
 from ..jobs import load_jobs
 from ._controller import Controller
 from ._switches import load_switches
@@ -39,10 +40,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    seconds("--timeout", args.timeout)
     switches = [s for s in load_switches(args.config) if args.switch in (None, s.name)]
     if not switches:
         raise ConfigError(f"no switch named {args.switch!r} in {args.config}")
-    jobs = [j for j in load_jobs(args.config) if args.job is None or j.job_id in args.job]
+    in_file = load_jobs(args.config)
+    unknown = sorted(set(args.job or ()) - {j.job_id for j in in_file})
+    if unknown:
+        raise ConfigError(f"--job {unknown[0]}: no job with this id in {args.config} (its jobs: "
+                          f"{', '.join(str(j.job_id) for j in in_file) or 'none'})")
+    jobs = [j for j in in_file if args.job is None or j.job_id in args.job]
     report: dict[str, Any] = {}
     for sw in switches:
         with Controller(sw.grpc, sw.device_id, p4info=args.p4info, bmv2_json=args.json,

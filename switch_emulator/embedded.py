@@ -26,7 +26,9 @@ import os
 import subprocess
 import sys
 import threading
+from collections import deque
 from dataclasses import dataclass, field
+from typing import IO
 
 from homagg._errors import TransportError
 from homagg.jobs import SWITCH_POOL_SLOTS
@@ -147,16 +149,76 @@ def spawn(
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env[SECRET_ENV] = secret  # the environment, not argv: /proc/<pid>/cmdline is world-readable
     env.pop(SECRET_FILE_ENV, None)
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            errors="replace", env=env)
+    stderr = _StderrRelay(proc.stderr)  # type: ignore[arg-type]
     result: list[str] = []
     reader = threading.Thread(target=lambda: result.append(proc.stdout.readline() if proc.stdout else ""), daemon=True)
     reader.start()
     reader.join(timeout)
     if not result or not result[0].strip():
-        proc.kill()
-        proc.wait()
-        raise TransportError(f"switch emulator did not start within {timeout}s (exit {proc.poll()}): {' '.join(cmd)}")
+        raise _not_started(proc, stderr, timeout, cmd, stdout_closed=bool(result))
+    stderr.relay()
     info = json.loads(result[0])
     ctl = (str(info["control"][0]), int(info["control"][1]))
     remember_secret(ctl, secret)
     return RunningSwitch(tuple(info["data"]), ctl, process=proc, secret=secret)  # type: ignore[arg-type]
+
+
+class _StderrRelay:
+    """A child's stderr, read by a daemon thread: held back (the last lines) until :meth:`relay`,
+    then copied to this process's stderr line by line, as the child's log was before it was read."""
+
+    def __init__(self, stream: IO[str], keep: int = 20) -> None:
+        self._held: deque[str] = deque(maxlen=keep)
+        self._relaying = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._pump, args=(stream,), name="homagg-switch-stderr", daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream: IO[str]) -> None:
+        for line in stream:
+            with self._lock:
+                if not self._relaying:
+                    self._held.append(line)
+                    continue
+            _write_stderr(line)
+
+    def relay(self) -> None:
+        """Copy the lines held so far, and every later one, to this process's stderr."""
+        with self._lock:
+            self._relaying = True
+            held, self._held = "".join(self._held), deque()
+        _write_stderr(held)
+
+    def tail(self, timeout: float) -> str:
+        """The last lines held, once the child closed its stderr (waits at most ``timeout`` s)."""
+        self._thread.join(timeout)
+        with self._lock:
+            return " | ".join(line.strip() for line in self._held if line.strip())
+
+
+def _write_stderr(text: str) -> None:
+    if text:
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        except (OSError, ValueError):  # closed or gone (interpreter shutting down)
+            pass
+
+
+def _not_started(proc: subprocess.Popen[str], stderr: _StderrRelay, timeout: float, cmd: list[str], *,
+                 stdout_closed: bool) -> TransportError:
+    """The error for a child that printed no ready line: it exited (its status and stderr tail) or,
+    still running after ``timeout`` s, is killed.  The child is reaped before this returns."""
+    try:
+        status: int | None = proc.wait(5.0 if stdout_closed else 0.0)  # stdout closed: it is exiting
+    except subprocess.TimeoutExpired:
+        status = None
+        proc.kill()
+        proc.wait()
+    tail = stderr.tail(5.0)
+    what = (f"exited with status {status} before it served" if status is not None
+            else f"did not start within {timeout:g}s (killed)")
+    return TransportError(f"switch emulator {what}" + (f"; its stderr ends: {tail}" if tail else "")
+                          + f"; command: {' '.join(cmd)}")

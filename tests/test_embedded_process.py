@@ -71,3 +71,39 @@ def test_no_orphan_emulator_after_the_owner_is_killed() -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     assert _wait_gone(pid, 15), "the emulator outlived its killed owner"
+
+
+def test_a_child_that_exits_at_once_is_reported_with_its_status_and_stderr() -> None:
+    """A child that refuses its options exits at once: the error says so, with the child's own
+    error line, instead of "did not start within 30.0s" (issue 37, item 2)."""
+    from homagg import TransportError
+    from switch_emulator import spawn
+
+    with pytest.raises(TransportError) as info:
+        spawn(duplicate=2.0)  # the child's check: a rate in [0, 1)
+    message = str(info.value)
+    assert "exited with status 2 before it served" in message, message
+    assert "--duplicate 2: fault rate duplicate=2.0 outside [0, 1)" in message, message
+    assert "did not start within" not in message
+
+
+def test_a_child_that_does_not_start_in_time_is_killed_and_said_so() -> None:
+    from homagg import TransportError
+    from switch_emulator import spawn
+
+    with pytest.raises(TransportError, match=r"did not start within 0\.001s \(killed\)"):
+        spawn(timeout=0.001)  # no interpreter prints its ready line in a millisecond
+
+
+def test_the_child_log_reaches_stderr_once_it_serves(capfd: pytest.CaptureFixture[str]) -> None:
+    """The child's stderr is read (for the error above) and, once it serves, copied to ours."""
+    from homagg.transport import ControlClient
+    from switch_emulator import spawn
+
+    with spawn(log_level="info") as sw, ControlClient(sw.control_addr) as ctl:
+        job = ctl.admit(2, n_slots=4, words_per_packet=8)
+        deadline, err = time.monotonic() + 30, ""
+        while f"job {job.job_id} admitted" not in err and time.monotonic() < deadline:
+            time.sleep(0.1)
+            err += capfd.readouterr().err
+    assert f"job {job.job_id} admitted" in err, err[-2000:]

@@ -67,17 +67,33 @@ def _datapath(rnd: Round, sock: socket.socket, native: bool, gso: bool = False):
 
 @pytest.mark.parametrize("gso", [False, True])
 def test_both_datapaths_send_the_same_bytes(gso: bool) -> None:
-    wires = {}
+    """The same datagrams from either datapath, received by a :class:`_GroSwitch` (a socket with
+    UDP_GRO: each message arrives whole, so merging is counted where it arrives); the native one
+    with ``gso`` sends each run of equal-length chunks as one message (the chunks hold 7, 7, 7, 7,
+    2 words of stream 0, then 7, 2 of stream 1), without it one message per chunk."""
+    wires, messages = {}, {}
     for native in (False, True):
-        a, b = _pair()
-        rnd, _ = _round(native)
-        dp = _datapath(rnd, a, native, gso)
-        assert dp.send(list(range(rnd.total))) == rnd.total  # 7 chunks: slots wrap, the tag wraps at 2**16
-        wires[native] = [b.recv(2048) for _ in range(rnd.total)]
-        if native:
-            assert dp.scratch.gso.value == gso  # loopback takes GSO: it was not refused
-        a.close(), b.close()
-    assert wires[True] == wires[False]
+        sw = _GroSwitch()
+        a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            a.bind(("127.0.0.1", 0))
+            a.connect(sw.addr)
+            a.setblocking(False)
+            rnd, _ = _round(native)
+            dp = _datapath(rnd, a, native, gso)
+            assert dp.send(list(range(rnd.total))) == rnd.total  # 7 chunks: slots wrap, the tag wraps at 2**16
+            deadline = time.monotonic() + 10
+            while len(sw.datagrams) < rnd.total and time.monotonic() < deadline:
+                time.sleep(0.01)
+            wires[native], messages[native] = list(sw.datagrams), list(sw.messages)
+            if native:
+                assert dp.scratch.gso.value == gso  # loopback takes GSO: it was not refused
+        finally:
+            sw.close()
+            a.close()
+    assert wires[True] == wires[False] and len(wires[True]) == 7
+    assert messages[False] == [1] * 7  # the Python datapath: one send per chunk
+    assert messages[True] == ([4, 1, 1, 1] if gso else [1] * 7)  # merged where lengths allow
     h, words = wire.parse_packet(wires[True][6])  # the last chunk: stream 1, words 7..8, MAX
     assert (h.op, h.offset, h.word_count, h.token, h.worker_id) == (wire.OP_MAX, 7, 2, JOB.token, 1)
     assert (h.slot, h.bank, h.tag) == (100 + (65530 + 6) % 8, ((65530 + 6) // 8) & 1, (65530 + 6) & 0xFFFF)

@@ -1,6 +1,7 @@
 """Fault injection for tests: drop, duplicate and reorder datagrams at the switch; mute workers.
 
-Rates are per datagram.  ``drop`` applies at ingress *and* to each replicated result at egress;
+Rates are per datagram.  ``drop`` applies at ingress *and* to each replicated result at egress
+(``drop=1``: a switch that answers its control port and holds its jobs but forwards nothing);
 ``duplicate`` processes an ingress datagram twice; ``reorder`` holds one ingress datagram back and
 processes it after the next one (or when the input goes idle), i.e. swaps neighbours.  Reordering
 is bounded to one position so that a late copy can never outlive two uses of a slot bank.
@@ -37,7 +38,9 @@ class FaultConfig:
     def __post_init__(self) -> None:
         for name in ("drop", "duplicate", "reorder"):
             v = getattr(self, name)
-            if not 0.0 <= v < 1.0:
+            if name == "drop" and not 0.0 <= v <= 1.0:  # 1: a switch that forwards nothing
+                raise ConfigError(f"fault rate {name}={v} outside [0, 1]")
+            if name != "drop" and not 0.0 <= v < 1.0:
                 raise ConfigError(f"fault rate {name}={v} outside [0, 1)")
         try:
             mute = tuple(sorted({int(w) for w in self.mute}))

@@ -19,22 +19,57 @@ peer never looks dead: both keep the control port open and send no ICMP.
 
 A switch that was restarted (or reprogrammed) at the same address answers its control port but
 has lost the job's admission, and drops the job's datagrams without a word.  With ``job_known`` (a
-question the port asks over its authenticated control client), once the round has stalled for
-``job_stall_s`` (2 s) the probe also asks, at most every ``job_interval_s``, whether the switch
-still holds this job (its id *and* token: a new job that reuses the id is not ours); a definite
-"no" is positive evidence too.  "Cannot tell" (no job list, an error) never is.
+question the port asks over its authenticated control client: a :class:`JobSighting`), once the
+round has stalled for ``job_stall_s`` (0.5 s) the probe also asks, at most every
+``job_interval_s`` (0.5 s), whether the switch still holds this job (its id *and* token: a new job
+that reuses the id is not ours); a definite "no" is positive evidence too.
+
+Total loss: a switch that holds the job but forwards nothing (it drops every datagram, or every one
+of this job's) looks alive on both counts.  Where its status counts the job's accepted datagrams
+(the emulator's ``packets``), the first sighting of a stall is a baseline, and the port then sends
+``loss_probes`` (4) copies of its oldest pending datagram (:meth:`Liveness.take_probes`; marked as
+retransmissions, so the switch treats them as it treats any).  A sighting ``loss_window_s`` (0.5 s)
+or more later in the same stall whose count has not moved, while this worker sent at least that
+many datagrams since the baseline (other workers' datagrams would only move it), means none arrived:
+the reason says so, with the switch's counters that moved meanwhile (``rx``, ``drop_<reason>``).
+A lossy but working network loses all of them only with probability (loss rate)^(4 x workers).
+Results lost on their way back are not seen this way (the switch accepted the datagrams): the
+progress timeout finds those.  "Cannot tell" (no job list, no count, an error) is never evidence.
 
 Invariant: ``gone`` returns a reason only on positive evidence (a refused or timed-out connect,
-refusals on the data port, or the switch saying it does not hold the job); then the caller raises
-at once instead of at the timeout.
+refusals on the data port, the switch saying it does not hold the job, or not counting any of the
+job's datagrams while this worker sent them again); then the caller raises at once instead of at
+the timeout.  The reason is a clause whose subject is the switch ("is gone: ...", "holds this job
+but ...").
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
-__all__ = ["Liveness", "control_silent"]
+__all__ = ["Liveness", "JobSighting", "control_silent"]
+
+
+@dataclass(frozen=True)
+class JobSighting:
+    """What the switch's status says about one port's job (the port's answer to ``job_known``)."""
+
+    held: bool | None  #: it holds the job (id and token); None: cannot tell
+    packets: int | None = None  #: the job's datagrams it accepted so far; None: not reported
+    counters: Mapping[str, int] = field(default_factory=dict)  #: its counters (``rx``, ``drop_<reason>``...)
+
+
+@dataclass(frozen=True)
+class _Baseline:
+    """The first sighting of a stall that the accepted count has not moved since."""
+
+    at: float
+    stall_start: float
+    packets: int
+    sent: int
+    counters: Mapping[str, int]
 
 
 def control_silent(control: tuple[str, int], timeout_s: float) -> str | None:
@@ -55,42 +90,74 @@ class Liveness:
 
     def __init__(self, control: tuple[str, int] | None, *, interval_s: float = 0.25, connect_timeout_s: float = 0.5,
                  min_stall_s: float = 0.5, no_control_stall_s: float = 1.0,
-                 job_known: Callable[[], bool | None] | None = None, job_stall_s: float = 2.0,
-                 job_interval_s: float = 1.0) -> None:
+                 job_known: Callable[[], JobSighting] | None = None, job_stall_s: float = 0.5,
+                 job_interval_s: float = 0.5, loss_window_s: float = 0.5, loss_probes: int = 4) -> None:
         self.control = control
         self.interval_s, self.connect_timeout_s = interval_s, connect_timeout_s
         self.min_stall_s, self.no_control_stall_s = min_stall_s, no_control_stall_s
         self.job_known, self.job_stall_s, self.job_interval_s = job_known, job_stall_s, job_interval_s
+        self.loss_window_s, self.loss_probes = loss_window_s, loss_probes
         self._next = 0.0
         self._next_job = 0.0
+        self._baseline: _Baseline | None = None
+        self._probes_due = 0
         self.probes = 0
         self.job_probes = 0
 
-    def gone(self, now: float, stalled_s: float, refused: int) -> str | None:
-        """Why the switch is gone, or None (alive, or not probed yet)."""
+    def gone(self, now: float, stalled_s: float, refused: int, sent: int = 0) -> str | None:
+        """Why the switch is gone or fails this job, or None (alive, or not probed yet).
+        ``refused``: ICMP port-unreachable answers so far; ``sent``: this worker's datagrams sent
+        again so far (retransmissions and probes: a running count)."""
         if stalled_s < self.min_stall_s or now < self._next:
             return None
         self._next = now + self.interval_s
         if self.control is None:
             if refused and stalled_s >= self.no_control_stall_s:
-                return f"its data port refused {refused} datagrams (ICMP port unreachable)"
+                return f"is gone: its data port refused {refused} datagrams (ICMP port unreachable)"
             return None
         self.probes += 1
         why = control_silent(self.control, self.connect_timeout_s)
         if why is None:
-            return self._job_gone(now, stalled_s)
+            return self._job_gone(now, stalled_s, sent)
         if refused:
             why += f", and its data port refused {refused} datagrams (ICMP port unreachable)"
-        return why
+        return "is gone: " + why
 
-    def _job_gone(self, now: float, stalled_s: float) -> str | None:
-        """The control port answers: does the switch still hold the job?  (None: yes, or cannot tell.)"""
+    def take_probes(self) -> int:
+        """How many copies of its oldest pending datagram the port should send now (then zero)."""
+        due, self._probes_due = self._probes_due, 0
+        return due
+
+    def _job_gone(self, now: float, stalled_s: float, sent: int) -> str | None:
+        """The control port answers: does the switch still hold the job, and accept its datagrams?
+        (None: yes, or cannot tell.)"""
         if self.job_known is None or stalled_s < self.job_stall_s or now < self._next_job:
             return None
         self._next_job = now + self.job_interval_s
         self.job_probes += 1
-        if self.job_known() is False:
-            return ("its control port answers, but it no longer holds this job (restarted or reprogrammed: "
+        seen = self.job_known()
+        if seen.held is False:
+            return ("answers its control port, but no longer holds this job (restarted or reprogrammed: "
                     "the job's admission is lost)")
-        return None
+        if seen.held is None or seen.packets is None:
+            return None
+        return self._nothing_accepted(now, now - stalled_s, seen, sent)
+
+    def _nothing_accepted(self, now: float, stall_start: float, seen: JobSighting, sent: int) -> str | None:
+        """Total loss: in this stall, the switch's count of the job's datagrams did not move for
+        ``loss_window_s`` while this worker sent ``loss_probes`` or more (see the module docstring)."""
+        base = self._baseline
+        assert seen.packets is not None
+        if base is None or abs(base.stall_start - stall_start) > 1e-3 or base.packets != seen.packets:
+            self._baseline = _Baseline(now, stall_start, seen.packets, sent, dict(seen.counters))
+            self._probes_due = self.loss_probes
+            return None
+        if now - base.at < self.loss_window_s or sent - base.sent < self.loss_probes:
+            return None
+        moved = {k: v - base.counters.get(k, 0) for k, v in sorted(seen.counters.items())
+                 if isinstance(v, int) and v != base.counters.get(k, 0)}
+        shown = ", ".join(f"{k} {d:+d}" for k, d in list(moved.items())[:6]) or "none moved"
+        return (f"holds this job but accepted none of its datagrams for {now - base.at:.1f}s, while this worker "
+                f"sent {sent - base.sent} again (the job's count stayed at {seen.packets}; the switch's counters "
+                f"meanwhile: {shown})")
 

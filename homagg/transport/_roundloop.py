@@ -88,13 +88,29 @@ class RoundLoop:
                 self.next_scan = min(self.next_scan, deadline[s])
         stats["refused"] = stats.get("refused", 0) + r.refused
         r.refused = 0
-        gone = port._liveness.gone(now, now - self.last_progress, stats.get("refused", 0))
+        again = stats["retransmits"] + stats.get("loss_probes", 0)
+        gone = port._liveness.gone(now, now - self.last_progress, stats.get("refused", 0), again)
         if gone or now - self.last_progress > port.timeout:
             port._seq = r.seq0 + r.total  # keep the sequence aligned if the caller retries the job
             self.finish()
             raise self._timeout_error(now - self.last_progress, gone)
+        self.send_probes(port._liveness.take_probes())
         if expired or port._liveness.control is not None:
             self.next_scan = min(self.next_scan, now + port._liveness.interval_s)
+
+    def send_probes(self, n: int) -> None:
+        """Send ``n`` copies of the oldest pending chunk, marked as retransmissions: the liveness
+        probe's test of whether the switch counts this job's datagrams (``loss_probes``)."""
+        r = self.r
+        pending = [s for s in range(r.nslot) if r.cur[s] >= 0]
+        if n <= 0 or not pending:
+            return
+        s = min(pending, key=r.cur.__getitem__)
+        view = r.slot_view(s, r.cur[s])
+        set_flags(view, FLAG_RETRANSMIT)
+        for _ in range(n):
+            self.port._send(self.port.sock.send, view)
+        self.stats["loss_probes"] = self.stats.get("loss_probes", 0) + n
 
     def verify_early(self) -> None:
         """Run stream 0's ``verify`` on its combined words; if it raises, the round is abandoned
@@ -130,7 +146,7 @@ class RoundLoop:
         addr = port.switch_addr
         return stall_error(port._ctl, job.job_id, port.rank, stalled_s, job.slot_base + g % job.n_slots,
                            (g // job.n_slots) & 1, self.streams[j].name, off, len(pending), self.stats.get("refused", 0),
-                           gone=None if gone is None else f"the switch at {addr[0]}:{addr[1]} is gone: {gone}")
+                           gone=None if gone is None else f"the switch at {addr[0]}:{addr[1]} {gone}")
 
     # ---------------------------------------------------------------- the reference loop
     def fill(self, now: float) -> bool:

@@ -20,7 +20,8 @@ def stall_error(ctl: Any, job_id: int, rank: int, stalled_s: float, slot: int, b
     """The :class:`~homagg.SwitchTimeoutError` of worker ``rank`` waiting ``stalled_s`` s on
     ``slot`` and ``bank`` (``pending`` chunks outstanding; ``refused``: ICMP port-unreachable
     answers seen); ``ctl`` is the port's control client or None; ``gone``: why the switch is known
-    to be dead (:mod:`._liveness`; then it is not asked, and the error says so first)."""
+    to be gone or to fail this job (:mod:`._liveness`; then it is not asked, and the error says so
+    first)."""
     missing: list[int] | None = None
     detail = "switch not asked (no control address)"
     if gone is not None:

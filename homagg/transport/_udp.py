@@ -17,7 +17,8 @@ worker sends chunks in index order, so results mostly complete in index order; a
 ``c`` while chunk ``i < c - DUPTHRESH`` (sent once) is still outstanding means ``i`` or its result
 was lost, and ``i`` is resent at once (no backoff; the timer stays the backstop, e.g. for the last
 chunks of a round).  A stalled round whose switch is gone (control port refusing, data port
-answering ICMP port unreachable) raises within a few RTOs (:mod:`._liveness`).  When no result
+answering ICMP port unreachable), or that holds the job but accepts none of its datagrams, raises
+within about a second (:mod:`._liveness`).  When no result
 arrived for a whole RTO, an expiry resends only the oldest chunk and restarts the others.
 Duplicated, reordered and stale results are ignored (matched on slot, bank, tag, offset), and so
 are results without the job's token (wire v2; a forged result from an off-path host).
@@ -27,7 +28,9 @@ are results without the job's token (wire v2; a forged result from an off-path h
 first), ``results``, ``ignored`` (no result of this job), ``group_probes`` (other workers' probes
 of the result group), ``rounds``, ``rtt_samples``, ``rto_backoffs``, ``srtt_us``, ``rto_us``,
 ``cwnd``, ``window_cuts``, ``window_undos``, ``send_stalls`` (sends that found the send buffer
-full: the rest waited for room), ``gso`` (native: runs of chunks leave as UDP GSO messages).
+full: the rest waited for room), ``gso`` (native: runs of chunks leave as UDP GSO messages),
+``loss_probes`` (copies of a stalled round's oldest datagram the liveness probe sent to see whether
+the switch counts them: :mod:`._liveness`).
 
 Where the native datapath was built, the per-result part of this protocol runs in C
 (:mod:`._roundloop`: ``homagg/transport/_fastround.c``), the timer scan, liveness and errors in

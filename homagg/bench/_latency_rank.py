@@ -13,8 +13,9 @@ together; the barrier is not timed).
 
 Per timed call every rank records its wall time (``perf_counter`` around ``dist.all_reduce``) and
 its own CPU time, user and system apart (``getrusage(RUSAGE_SELF)``: every thread of the process,
-the group's worker and gloo's threads included; Linux accounts it to the nanosecond, so one call's
-figure is not rounded to a tick).  Rank 0 also reads the embedded emulator's CPU over all timed
+the group's worker and gloo's threads included; Linux accounts the total to the nanosecond, so one
+call's total is not rounded to a tick, but splits it into user and system by sampling ticks: the
+split means something only summed over many calls).  Rank 0 also reads the embedded emulator's CPU over all timed
 calls (``/proc``, 10 ms ticks: the mean per call).  homagg ranks report the group's rounds of the
 size's first call (no history yet) and per timed call.
 

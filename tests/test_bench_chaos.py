@@ -7,6 +7,7 @@ must fail, not wait).
 
 from __future__ import annotations
 
+import itertools
 import sys
 import textwrap
 import time
@@ -15,20 +16,29 @@ from pathlib import Path
 import pytest
 
 from homagg import HomAggError
-from homagg.bench._chaos_faults import KINDS, Chaos, schedule
+from homagg.bench._chaos_faults import KINDS, Chaos, Fault, schedule
 from homagg.bench._chaos_rank import PROGRESS_MARK
 from homagg.bench._ranks import launch_ranks
 
 
-def test_schedule_is_seeded_covers_every_kind_and_ends_before_the_run() -> None:
-    plan = schedule(7, 600.0, 4, (3.0, 10.0))
-    assert plan == schedule(7, 600.0, 4, (3.0, 10.0)) and plan != schedule(8, 600.0, 4, (3.0, 10.0))
+def _kill_times(plan: list[Fault]) -> list[float]:
+    ends = itertools.accumulate(f.gap_s + f.hold_s for f in plan)  # a kill's hold is 0: its end is its time
+    return [t for t, f in zip(ends, plan) if f.kind == "kill"]
+
+
+@pytest.mark.parametrize("kill_gap", [0.0, 70.0])
+def test_schedule_is_seeded_covers_every_kind_spaces_kills_and_ends_before_the_run(kill_gap: float) -> None:
+    plan = schedule(7, 600.0, 4, (3.0, 10.0), kill_gap)
+    assert plan == schedule(7, 600.0, 4, (3.0, 10.0), kill_gap) != schedule(8, 600.0, 4, (3.0, 10.0), kill_gap)
     for i in range(0, len(plan) - len(KINDS) + 1, len(KINDS)):  # each cycle has every kind once
         assert sorted(f.kind for f in plan[i:i + len(KINDS)]) == sorted(KINDS)
-    assert sum(f.gap_s + f.hold_s for f in plan) <= 600.0 - 10.0
-    assert len(plan) >= 40
+    assert sum(f.gap_s + f.hold_s for f in plan) <= 600.0 - 10.0 and len(plan) >= 40
+    kills = _kill_times(plan)
+    assert len(kills) >= 7 and min(b - a for a, b in itertools.pairwise(kills)) >= kill_gap - 1e-9
+    if kill_gap:  # the unspaced schedule of this seed has kills closer than that: the spacing did it
+        assert min(b - a for a, b in itertools.pairwise(_kill_times(schedule(7, 600.0, 4, (3.0, 10.0))))) < kill_gap
     for f in plan:
-        assert 3.0 <= f.gap_s <= 10.0
+        assert 3.0 <= f.gap_s <= 10.0 or (f.kind == "kill" and f.gap_s <= kill_gap)
         if f.kind in ("loss", "reorder", "duplicate"):
             assert 0.05 <= f.rate <= 0.30 and 2.0 <= f.hold_s <= 6.0
         elif f.kind == "stall":

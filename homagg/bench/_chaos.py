@@ -20,7 +20,12 @@ the run times, and the verdicts, each a failure when false:
   step, and every rank's stacks;
 * ``errors``: a rank that raised (the fallback policy lets no error surface in this run: no rank
   dies, no input is bad), an exception in a rank's thread, or the injector's own failure;
-* ``every_kind_injected``: each fault kind happened at least once.
+* ``every_kind_injected``: each fault kind happened at least once;
+* ``gave_up_returning``: the group stayed on the host path for good.  Kills are planned at least
+  ``--chaos-kill-gap`` seconds apart, beyond the fallback's flap window (a switch that fails again
+  within a minute of a return counts as a failed return; three in a row and the group stays on the
+  host path, ``HOMAGG_RETURN_ATTEMPTS``), and every restarted emulator forwards: so giving up
+  here means returns failed for another reason.
 
 Invariant: every wait is bounded (the watchdog, and the launcher's stall timeout behind it);
 every rank and emulator process is gone when :func:`chaos` returns.
@@ -41,9 +46,9 @@ from typing import Any
 
 import torch
 
-from .._errors import HomAggError
+from .._errors import ConfigError, HomAggError
 from ._chaos_faults import KINDS, Chaos, schedule
-from ._ranks import RECORD_MARK, launch_ranks
+from ._ranks import launch_ranks, one_record_per_rank
 
 __all__ = ["configure_parser", "chaos"]
 
@@ -58,6 +63,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chaos-step-s", type=float, default=0.05, help="chaos: simulated compute per step")
     p.add_argument("--chaos-probe", type=float, default=1.0, help="chaos: seconds between probes of a failed switch")
     p.add_argument("--chaos-gap", default="3,10", help="chaos: min,max seconds between faults (seeded)")
+    p.add_argument("--chaos-kill-gap", type=float, default=70.0,
+                   help="chaos: seconds at least between two kills (more than the fallback's 60 s flap window: "
+                        "a switch that fails again within a minute of a return counts as a failed return)")
     p.add_argument("--chaos-hang-s", type=float, default=None,
                    help="chaos: a rank without progress this long is hung (default max(60, 4 x --timeout))")
 
@@ -78,13 +86,7 @@ def _run(args: argparse.Namespace, out: Path, duration: float | None, steps: int
     finally:
         if chaos is not None:
             chaos.stop()
-    reports = []
-    for r, lines in enumerate(outs):
-        recs = [json.loads(ln.partition(RECORD_MARK)[2]) for ln in lines if RECORD_MARK in ln]
-        if len(recs) != 1:
-            raise HomAggError(f"{label}: rank {r} reported {len(recs)} records")
-        reports.append(recs[0])
-    return reports
+    return one_record_per_rank(outs, label)
 
 
 def _hang_s(args: argparse.Namespace) -> float:
@@ -121,6 +123,9 @@ def _paths(reports: list[dict[str, Any]]) -> dict[str, Any]:
         "readmit_s_median": _median([t["readmit_s"] for t in back]),
         "host_s_total": round(sum(t.get("host_s", 0.0) for t in back), 2),
         "final_path": first["paths"][-1] if first["paths"] else None,
+        "gave_up_returning": any(t.get("gave_up") for t in first["transitions"]),
+        "transition_log": [{k: v for k, v in t.items() if k != "cause"} | {"cause": _cause(t["cause"])}
+                           for t in first["transitions"][:200]],
     }
 
 
@@ -142,11 +147,11 @@ def _max(xs: list[float]) -> float | None:
 def chaos(args: argparse.Namespace, duration: float) -> dict[str, Any]:
     gap = tuple(float(x) for x in args.chaos_gap.split(","))
     if len(gap) != 2 or not 0 < gap[0] <= gap[1]:
-        raise HomAggError(f"--chaos-gap: expected MIN,MAX seconds with 0 < MIN <= MAX, got {args.chaos_gap!r}")
-    plan = schedule(args.seed, duration, args.chaos_world, gap)  # type: ignore[arg-type]
+        raise ConfigError(f"--chaos-gap: expected MIN,MAX seconds with 0 < MIN <= MAX, got {args.chaos_gap!r}")
+    plan = schedule(args.seed, duration, args.chaos_world, gap, args.chaos_kill_gap)  # type: ignore[arg-type]
     rec: dict[str, Any] = {
         "world": args.chaos_world, "width": args.chaos_width, "duration_s": duration, "seed": args.seed,
-        "timeout_s": args.timeout, "probe_interval_s": args.chaos_probe, "hang_bound_s": _hang_s(args),
+        "timeout_s": args.timeout, "probe_interval_s": args.chaos_probe, "kill_gap_s": args.chaos_kill_gap, "hang_bound_s": _hang_s(args),
         "simulated_compute_s": args.chaos_step_s, "switch": "embedded (HOMAGG_EMULATOR_FAULTS=1: python engine)",
         "planned": dict(Counter(f.kind for f in plan)),
     }
@@ -192,6 +197,7 @@ def chaos(args: argparse.Namespace, duration: float) -> dict[str, Any]:
     failures = [k for k in ("params_identical_across_ranks", "params_equal_undisturbed", "losses_equal_undisturbed",
                             "every_kind_injected") if not rec[k]]
     failures += ["errors"] if errors else []
+    failures += ["gave_up_returning"] if rec["gave_up_returning"] else []
     rec.update(ok=not failures, failures=failures)
     return rec
 

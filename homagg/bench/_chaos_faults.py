@@ -26,12 +26,13 @@ continued) and both threads have ended.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,26 +62,46 @@ class Fault:
     hold_s: float = 0.0  #: bursts and stalls: how long the fault lasts
     rank: int = -1  #: stall: the rank stopped
 
+    def describe(self) -> dict[str, Any]:
+        """The fields that apply to this kind."""
+        if self.kind == "stall":
+            return {"kind": self.kind, "hold_s": self.hold_s, "rank": self.rank}
+        if self.kind == "kill":
+            return {"kind": self.kind}
+        return {"kind": self.kind, "rate": self.rate, "hold_s": self.hold_s}
 
-def schedule(seed: int, duration_s: float, world: int, gap_s: tuple[float, float]) -> list[Fault]:
+
+def schedule(seed: int, duration_s: float, world: int, gap_s: tuple[float, float],
+             kill_gap_s: float = 0.0) -> list[Fault]:
     """The seeded faults of a run of ``duration_s`` (planned end of the last one < ``duration_s``
-    minus one maximal gap, so the run ends undisturbed for a while)."""
+    minus one maximal gap, so the run ends undisturbed for a while).
+
+    Kills are at least ``kill_gap_s`` apart (planned; the real spacing is only longer, since an
+    injection can only be late): a kill due sooner moves to the end of its cycle, and when it is
+    the cycle's last fault, its gap grows."""
     rng = random.Random(seed)
     out: list[Fault] = []
     cycle: list[str] = []
-    t = 0.0
+    t, last_kill = 0.0, -math.inf
     while True:
         if not cycle:
             cycle = list(KINDS)
             rng.shuffle(cycle)
         kind = cycle.pop()
         gap = rng.uniform(*gap_s)
+        if kind == "kill" and t + gap - last_kill < kill_gap_s:
+            if cycle:
+                cycle.insert(0, kind)
+                kind = cycle.pop()
+            else:
+                gap = kill_gap_s - (t - last_kill)
         if kind in ("loss", "reorder", "duplicate"):
             f = Fault(gap, kind, rate=round(rng.uniform(*_RATE), 3), hold_s=round(rng.uniform(*_BURST_S), 2))
         elif kind == "stall":
             f = Fault(gap, kind, hold_s=STALL_S, rank=rng.randrange(world))
         else:
             f = Fault(gap, kind)
+            last_kill = t + gap
         t += gap + f.hold_s
         if t > duration_s - gap_s[1]:
             return out
@@ -159,8 +180,7 @@ class Chaos:
         return time.monotonic() - self._t0
 
     def _record(self, f: Fault, **extra: Any) -> None:
-        self.events.append({"at_s": round(self._now(), 2), **{k: v for k, v in asdict(f).items()
-                                                              if k != "gap_s" and v not in (0.0, -1)}, **extra})
+        self.events.append({"at_s": round(self._now(), 2), **f.describe(), **extra})
 
     def _one(self, f: Fault) -> None:
         if f.kind == "stall":

@@ -3,8 +3,8 @@ launcher injects faults (:mod:`._chaos`).
 
 Run as ``python -m homagg.bench._chaos_rank CONFIG_JSON`` (one process per rank,
 ``init_process_group("homagg")`` from the environment, no ``HOMAGG_SWITCH``: the group's own
-embedded emulator).  The model is a 3-layer MLP of ``width`` (float32, SGD); each rank's batches
-are seeded by (seed, step, rank), so two runs with the same config and step count compute the same
+embedded emulator).  The model is the ``crash`` part's 3-layer MLP of ``width`` (float32, SGD:
+:func:`._crash_rank.mlp`); each rank's batches are seeded by (seed, step, rank), so two runs with the same config and step count compute the same
 thing.  Each step ends with one int32 allreduce of a stop flag (through the group, like the
 gradients): the disturbed run stops when rank 0's clock passes ``duration`` seconds, the
 undisturbed one after ``steps`` steps; both issue the same calls.
@@ -39,9 +39,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ._crash_rank import batch, mlp
 from ._ranks import RECORD_MARK, die_with_launcher
 
 __all__ = ["PROGRESS_MARK", "main"]
@@ -102,11 +101,8 @@ def main(argv: list[str]) -> int:
     _progress(phase="init", pid=os.getpid(), rank=rank)
     dist.init_process_group("homagg")
     pg = dist.distributed_c10d._get_default_group()
-    torch.manual_seed(cfg["seed"])
     width = cfg["width"]
-    model = DDP(nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                              nn.Linear(width, 16)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = mlp(cfg["seed"], width)
     published = _publish_emulator(pg, out, None) if rank == 0 else None
     _progress(phase="ready", pid=os.getpid(), rank=rank)
     steps_s: list[float] = []
@@ -115,8 +111,7 @@ def main(argv: list[str]) -> int:
     start = time.monotonic()
     step = 0
     while True:
-        g = torch.Generator().manual_seed(cfg["seed"] * 1_000_003 + step * 1000 + rank)
-        x, y = torch.randn(32, width, generator=g), torch.randn(32, 16, generator=g)
+        x, y = batch(cfg["seed"], step, rank, width)
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = (model(x) - y).square().mean()

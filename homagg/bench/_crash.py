@@ -27,8 +27,7 @@ import statistics
 import sys
 from typing import Any
 
-from .._errors import HomAggError
-from ._ranks import RECORD_MARK, launch_ranks
+from ._ranks import launch_ranks, one_record_per_rank
 
 __all__ = ["configure_parser", "crash"]
 
@@ -49,13 +48,7 @@ def _run(args: argparse.Namespace, kill_at: int | None) -> list[dict[str, Any]]:
     label = "bench faults crash" + (" (disturbed)" if kill_at is not None else " (undisturbed)")
     outs = launch_ranks([sys.executable, "-m", "homagg.bench._crash_rank", json.dumps(cfg)], args.crash_world,
                         label=label, stall_timeout=max(60.0, 4 * args.timeout), env=env)
-    reports = []
-    for r, lines in enumerate(outs):
-        recs = [json.loads(ln.partition(RECORD_MARK)[2]) for ln in lines if RECORD_MARK in ln]
-        if len(recs) != 1:
-            raise HomAggError(f"{label}: rank {r} reported {len(recs)} records")
-        reports.append(recs[0])
-    return reports
+    return one_record_per_rank(outs, label)
 
 
 def crash(args: argparse.Namespace) -> dict[str, Any]:

@@ -28,7 +28,21 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ._ranks import RECORD_MARK, die_with_launcher
 
-__all__ = ["main"]
+__all__ = ["main", "mlp", "batch"]
+
+
+def mlp(seed: int, width: int) -> tuple[DDP, torch.optim.Optimizer]:
+    """The DDP-wrapped MLP (3 layers of ``width``, 16 outputs; seeded) and its SGD optimizer."""
+    torch.manual_seed(seed)
+    model = DDP(nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                              nn.Linear(width, 16)))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def batch(seed: int, step: int, rank: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s (input, target) of ``step``: the same in every run with the same seed."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1000 + rank)
+    return torch.randn(32, width, generator=g), torch.randn(32, 16, generator=g)
 
 
 def main(argv: list[str]) -> int:
@@ -37,19 +51,15 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ["RANK"])
     dist.init_process_group("homagg")
     pg = dist.distributed_c10d._get_default_group()
-    torch.manual_seed(cfg["seed"])
     width = cfg["width"]
-    model = DDP(nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                              nn.Linear(width, 16)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = mlp(cfg["seed"], width)
     steps, paths, losses = [], [], []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the transitions are in the record
         for step in range(cfg["steps"]):
             if rank == 0 and step == cfg.get("kill_at"):
                 os.kill(pg.switch.emulator.process.pid, signal.SIGKILL)
-            g = torch.Generator().manual_seed(cfg["seed"] * 1_000_003 + step * 1000 + rank)
-            x, y = torch.randn(32, width, generator=g), torch.randn(32, 16, generator=g)
+            x, y = batch(cfg["seed"], step, rank, width)
             t0 = time.perf_counter()
             opt.zero_grad()
             loss = (model(x) - y).square().mean()

@@ -16,6 +16,7 @@ rank printed a line for ``stall_timeout`` seconds.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -29,7 +30,7 @@ from typing import IO
 from .._errors import HomAggError
 from ._ddp import _free_port as free_port
 
-__all__ = ["LAUNCHER_ENV", "die_with_launcher", "free_port", "launch_ranks", "RECORD_MARK"]
+__all__ = ["LAUNCHER_ENV", "die_with_launcher", "free_port", "launch_ranks", "one_record_per_rank", "RECORD_MARK"]
 
 #: prefix of a rank's JSON report line on its stdout (other output may share the stream)
 RECORD_MARK = "@homagg-allreduce-record@"
@@ -172,3 +173,15 @@ def launch_ranks(
                 r.kill()
             for r in ranks:
                 r.close()
+
+
+def one_record_per_rank(outs: Sequence[Sequence[str]], label: str) -> list[dict]:  # type: ignore[type-arg]
+    """Each rank's one :data:`RECORD_MARK` record (JSON) from :func:`launch_ranks`' output; raises
+    :class:`~homagg.HomAggError` naming the rank that printed none or several."""
+    reports = []
+    for r, lines in enumerate(outs):
+        recs = [json.loads(ln.partition(RECORD_MARK)[2]) for ln in lines if RECORD_MARK in ln]
+        if len(recs) != 1:
+            raise HomAggError(f"{label}: rank {r} reported {len(recs)} records")
+        reports.append(recs[0])
+    return reports

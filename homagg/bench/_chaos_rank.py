@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._crash_rank import batch, mlp
+from ._crash_rank import batch, mlp, train_step
 from ._ranks import RECORD_MARK, die_with_launcher
 
 __all__ = ["PROGRESS_MARK", "main"]
@@ -113,10 +113,7 @@ def main(argv: list[str]) -> int:
     while True:
         x, y = batch(cfg["seed"], step, rank, width)
         t0 = time.perf_counter()
-        opt.zero_grad()
-        loss = (model(x) - y).square().mean()
-        loss.backward()
-        opt.step()
+        loss = train_step(model, opt, x, y)
         if cfg.get("steps") is not None:
             stop = int(step + 1 >= cfg["steps"])
         else:

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ._ranks import RECORD_MARK, die_with_launcher
 
-__all__ = ["main", "mlp", "batch"]
+__all__ = ["main", "mlp", "batch", "train_step"]
 
 
 def mlp(seed: int, width: int) -> tuple[DDP, torch.optim.Optimizer]:
@@ -43,6 +43,15 @@ def batch(seed: int, step: int, rank: int, width: int) -> tuple[torch.Tensor, to
     """Rank ``rank``'s (input, target) of ``step``: the same in every run with the same seed."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1000 + rank)
     return torch.randn(32, width, generator=g), torch.randn(32, 16, generator=g)
+
+
+def train_step(model: DDP, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One SGD step on the squared error (DDP allreduces the gradients in backward); the loss."""
+    opt.zero_grad()
+    loss = (model(x) - y).square().mean()
+    loss.backward()
+    opt.step()
+    return loss
 
 
 def main(argv: list[str]) -> int:
@@ -61,10 +70,7 @@ def main(argv: list[str]) -> int:
                 os.kill(pg.switch.emulator.process.pid, signal.SIGKILL)
             x, y = batch(cfg["seed"], step, rank, width)
             t0 = time.perf_counter()
-            opt.zero_grad()
-            loss = (model(x) - y).square().mean()
-            loss.backward()
-            opt.step()
+            loss = train_step(model, opt, x, y)
             steps.append(time.perf_counter() - t0)
             paths.append(pg.path)
             losses.append(loss.item())

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ._stages import Timers, install, per_call, stage_table
+from ._stage_timers import Timers, install, per_call, stage_table
 
 __all__ = ["run_rank", "run_pg_mode", "run_local_mode"]
 

@@ -92,6 +92,7 @@ def _homagg(*argv: str) -> subprocess.CompletedProcess[str]:
     ("--world", str(MAX_WORKERS + 1), f"--world {MAX_WORKERS + 1} outside 1..{MAX_WORKERS}"),
     ("--world", "2,1000", "--world 1000 outside"),  # never hundreds of rank processes
     ("--numel", "0", "--numel 0 outside"),
+    ("--numel", str(1 << 27), f"--numel {1 << 27} outside"),
     ("--calls", "0", "--calls 0: need at least 1"),
     ("--warmup", "-1", "--warmup -1: need at least 0"),
     ("--timeout", "nan", "--timeout nan: need > 0 seconds"),
@@ -109,6 +110,16 @@ def test_bad_option_is_a_config_error_and_starts_nothing(option: str, value: str
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("homagg: error: ConfigError: ") and says in line, line
     assert not (tmp_path / "out").exists()  # refused before anything was made
+
+
+def test_sizes_beyond_this_hosts_memory_are_refused(tmp_path: Path) -> None:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    numel = 1 << 26  # the largest size taken: 32 ranks x 12 bytes x 2**26 = 24 GiB
+    if 12 * numel * 32 + 16 * numel <= memory:
+        pytest.skip("this host holds 32 ranks of the largest size")
+    r = _homagg("--out", str(tmp_path / "out"), "--world", "32", "--numel", str(numel))
+    assert r.returncode == 2 and f"--numel {numel}: 32 rank(s) need" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
 
 
 def _launched_by(launcher: int) -> list[int]:

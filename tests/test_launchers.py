@@ -1,7 +1,8 @@
 """The launchers users start homagg with, as a new user runs them (2 CPU ranks, real processes):
 ``torchrun`` (results against a float64 oracle), Lightning's ``DDPStrategy(process_group_backend=
 "homagg")`` and Hugging Face's ``Trainer`` with ``init_process_group("homagg")`` before its
-``TrainingArguments`` (the trained parameters against gloo's run of the same script).
+``TrainingArguments`` (the trained parameters against gloo's run of the same script), and that the
+Trainer still refuses ``ddp_backend="homagg"`` as the page says.
 
 Lightning, transformers and accelerate are the ``launchers`` extra (in ``test``); each test skips
 with the reason where its package is missing.  The scripts are in ``tests/_dist_scripts``.
@@ -34,7 +35,9 @@ def _env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     paths = [str(REPO)]
     if not any(ep.name == "homagg" for ep in importlib.metadata.entry_points(group="torch.backends")):
-        paths.append(str(entry_point_site(tmp_path / "site")))
+        site = tmp_path / "site"
+        site.mkdir(exist_ok=True)
+        paths.append(str(entry_point_site(site)))
     env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     for key in ("HOMAGG_SWITCH", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(key, None)
@@ -49,7 +52,6 @@ def _torchrun(tmp_path: Path) -> list[str]:
 
 
 def _run(cmd: list[str], tmp_path: Path, timeout: float = 300) -> str:
-    (tmp_path / "site").mkdir(exist_ok=True)
     proc = subprocess.run(cmd, env=_env(tmp_path), cwd=str(tmp_path), stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
@@ -110,3 +112,18 @@ def test_hf_trainer_with_a_homagg_group_made_first(tmp_path: Path) -> None:
         results[mode] = json.loads(out.read_text())
         assert (results[mode]["backend"], results[mode]["world"]) == (mode, WORLD), log[-3000:]
     _same_training(results["homagg"], results["gloo"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None or importlib.util.find_spec("accelerate") is None,
+                    reason="transformers or accelerate is not installed (pip install 'homagg[launchers]')")
+def test_hf_refuses_the_backend_by_name_as_documented(tmp_path: Path) -> None:
+    """docs/torch-backend.md tells users to make the group first because Accelerate refuses
+    ``ddp_backend="homagg"``: when a release accepts it, this fails and the page needs updating."""
+    env = {**_env(tmp_path), "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "launch_hf_refused.py")], env=env, cwd=str(tmp_path),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("REFUSED", "ACCEPTED"))]
+    assert len(lines) == 2, proc.stdout + proc.stderr[-3000:]
+    assert lines[0] == "REFUSED Your assigned backend homagg is not available, please use gloo", lines[0]
+    assert lines[1] == "REFUSED by the command line" and "invalid choice: 'homagg'" in proc.stderr, proc.stderr[-2000:]

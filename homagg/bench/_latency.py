@@ -111,6 +111,7 @@ def check_options(args: argparse.Namespace) -> None:
     for numel in args.numel:
         if not 1 <= numel <= MAX_NUMEL:
             raise ConfigError(f"--numel {numel} outside 1..{MAX_NUMEL} (bench allreduce takes larger tensors)")
+    _fits_in_memory(max(args.numel), max(args.world))
     if args.calls < 1:
         raise ConfigError(f"--calls {args.calls}: need at least 1")
     if args.warmup < 0:
@@ -122,6 +123,20 @@ def check_options(args: argparse.Namespace) -> None:
         bad = [v for v in value if v not in allowed]
         if bad:
             raise ConfigError(f"{name} {','.join(bad)}: choose from {', '.join(allowed)}")
+
+
+def _fits_in_memory(numel: int, world: int) -> None:
+    """:class:`~homagg.ConfigError` unless ``world`` ranks' fp32 tensors of ``numel`` elements fit in
+    this host's memory: each rank holds its input, the restored copy and a call's tensor (12 bytes
+    per element), rank 0 also the float64 sum and bound (16 more)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return  # not known here
+    need = 12 * numel * world + 16 * numel
+    if need > memory:
+        raise ConfigError(f"--numel {numel}: {world} rank(s) need {need / 2**30:,.1f} GiB for its tensors, "
+                          f"more than this host's {memory / 2**30:,.1f} GiB of memory")
 
 
 def _merge(backend: str, scheme: str | None, world: int, lines: Sequence[dict[str, Any]],

@@ -43,6 +43,7 @@ def test_result_reached_some_ranks_then_the_switch_died(following: str) -> None:
         expected = _oracle(n, 3, 2) if following == "allreduce" else (torch.arange(n) % 1000) * 2.0 + 2
         assert torch.equal(tensor_from_json(res["following"]), expected), f"rank {r}: wrong {following}"
         assert res["path"] == "host"
+        assert res["link"] == {"kind": "host", "job": None}  # pg.switch: the host path, not the dead link
         assert [(t["from"], t["to"]) for t in res["transitions"]] == [("switch", "host")], res["transitions"]
         assert len(res["warnings"]) == 1 and "host path" in res["warnings"][0]
     # ranks 0 and 1 finished the muted call on the switch, rank 2 only after the crash
@@ -91,6 +92,8 @@ def _check_disturbed(results: list[dict], undisturbed: list[dict]) -> None:
         assert moves == [("switch", "host"), ("host", "switch")], res["transitions"]
         assert res["stats_paths"]["host"] >= 1 and res["stats_paths"]["switch"] >= 1
         assert res["paths"][0] == "switch" and "host" in res["paths"] and res["paths"][-1] == "switch"
+        # pg.switch is the link in use: the host path's after the fallback, the new switch's after the return
+        assert [kind == "host" for kind, _ in res["links"]] == [p == "host" for p in res["paths"]], res["links"]
         assert len(res["warnings"]) == 2
 
 

@@ -65,6 +65,9 @@ __all__ = ["PathPort"]
 _OK, _FAILED, _ABORTED = 0, 1, 2  # a rank's state in the agreement
 _MAX_PROBE_INTERVAL_S = 30.0
 _FLAP_WINDOW_S = 60.0  # a fallback this soon after a return doubles the probe interval
+#: bound on waiting for failed links' closes at :meth:`PathPort.close` (each is bounded itself:
+#: the store count of closed ports, a connect to the switch, an emulator's stop)
+_CLOSE_JOIN_S = 20.0
 
 
 class PathPort(SwitchPort):
@@ -78,6 +81,8 @@ class PathPort(SwitchPort):
                  stats: WorkerStats, policy: str, timeout_s: float, probe_interval_s: float,
                  open_link: Callable[[int], SwitchLink], probe: Callable[[], bool]) -> None:
         self.rank, self.world_size = rank, world_size
+        #: the link in use: the switch's, or on the host path one of kind ``host`` over the
+        #: group's gloo host path (never a failed, closed link)
         self.link: SwitchLink = link
         self.path = "switch"
         self.policy = policy
@@ -97,6 +102,8 @@ class PathPort(SwitchPort):
         self._sync_from = 0  # the first call whose boundary syncs on the host path
         self._fallback_at = 0.0
         self._returned_at = -1e9
+        self._host_link = SwitchLink(self._host, "host")  # what :attr:`link` is on the host path
+        self._closing: list[threading.Thread] = []  # closes of failed links, joined by close()
 
     # ------------------------------------------------------------------ rounds
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
@@ -222,6 +229,7 @@ class PathPort(SwitchPort):
     # ------------------------------------------------------------------ transitions
     def _to_host(self, cause: str, detect_s: float, agree_s: float) -> None:
         dead, self.path = self.link, "host"
+        self.link = self._host_link  # never the failed link: that one is being closed
         self.last, self._dirty, self._call_host = None, False, True
         self._fallback_at = time.monotonic()
         # a switch that fails again soon after a return (e.g. alive but dropping everything) is
@@ -233,7 +241,7 @@ class PathPort(SwitchPort):
                                        "detect_s": round(detect_s, 4), "agree_s": round(agree_s, 4)})
         warnings.warn(f"homagg: the switch failed ({cause}); rank {self.rank} continues on the host path "
                       "(gloo), probing the switch", PathWarning, stacklevel=2)
-        _close_quietly(dead)
+        self._closing.append(_close_quietly(dead))
 
     def at_call_boundary(self) -> None:
         """Before each call: on the host path, go back to the switch when rank 0's probe says it
@@ -265,7 +273,7 @@ class PathPort(SwitchPort):
         self._allreduce(ok, dist.ReduceOp.MIN, "re-admission to the switch")
         if not ok[0]:
             if link is not None:
-                _close_quietly(link)
+                self._closing.append(_close_quietly(link))
             self._interval_s = min(2 * self._interval_s, _MAX_PROBE_INTERVAL_S)
             self._next_probe = time.monotonic() + self._interval_s
             self.stats.transitions.append({"at_call": self._calls, "from": "host", "to": "host",
@@ -288,9 +296,14 @@ class PathPort(SwitchPort):
         self.stats.paths["host" if self._call_host else "switch"] += 1
 
     def close(self) -> None:
+        """Release the host path and the link in use; wait (bounded) for failed links' closes."""
         self.last = None
         self._host.close()
         self.link.close()
+        deadline = time.monotonic() + _CLOSE_JOIN_S
+        for thread in self._closing:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._closing.clear()
 
 
 def _ranks_in(table: list[tuple[int, int]], state: int) -> list[int]:
@@ -298,9 +311,10 @@ def _ranks_in(table: list[tuple[int, int]], state: int) -> list[int]:
     return [r for r, (s, _) in enumerate(table) if s == state]
 
 
-def _close_quietly(link: SwitchLink) -> None:
+def _close_quietly(link: SwitchLink) -> threading.Thread:
     """Close a link whose switch failed, off the caller's thread (removing its job from an
-    unreachable switch may wait for a connect timeout); its errors are expected and dropped."""
+    unreachable switch may wait for a connect timeout); its errors are expected and dropped.
+    Returns the closing thread (:meth:`PathPort.close` joins it)."""
 
     def run() -> None:
         with warnings.catch_warnings():
@@ -310,4 +324,6 @@ def _close_quietly(link: SwitchLink) -> None:
             except Exception:  # noqa: BLE001 - the switch is gone: nothing left to release
                 pass
 
-    threading.Thread(target=run, name="homagg-close-failed-link", daemon=True).start()
+    thread = threading.Thread(target=run, name="homagg-close-failed-link", daemon=True)
+    thread.start()
+    return thread

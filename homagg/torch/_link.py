@@ -6,6 +6,7 @@ Kept apart from :mod:`._switch_setup` (which chooses and opens the link) and :mo
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,7 +17,8 @@ __all__ = ["SwitchLink"]
 
 @dataclass
 class SwitchLink:
-    """What a group aggregates through.  ``address``/``job_id`` are ``None`` for ``gloo``."""
+    """What a group aggregates through.  ``address``/``job_id`` are ``None`` for ``gloo`` and
+    ``host`` (the host path a group takes while its switch has failed: :mod:`._fallback`)."""
 
     port: SwitchPort
     kind: str
@@ -25,15 +27,21 @@ class SwitchLink:
     control: tuple[str, int] | None = None  # the switch's control address (udp kinds)
     emulator: object | None = None  # the embedded emulator, on the rank that owns it
     _closers: list[Callable[[], None]] = field(default_factory=list)
+    _close_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def close(self) -> None:
-        """Close the port, then stop an owned emulator; re-raise the first failure after all ran."""
-        closers, self._closers = self._closers, []
-        first: BaseException | None = None
-        for close in reversed(closers):
-            try:
-                close()
-            except Exception as exc:  # noqa: BLE001 - re-raised below once every closer ran
-                first = first or exc
+        """Close the port, then stop an owned emulator; re-raise the first failure after all ran.
+
+        Idempotent and safe from several threads at once: each closer runs once (a shared
+        emulator's reference count drops once), and a second caller returns only when the first
+        has finished, so whoever sees ``close`` return knows the link is released."""
+        with self._close_lock:
+            closers, self._closers = self._closers, []
+            first: BaseException | None = None
+            for close in reversed(closers):
+                try:
+                    close()
+                except Exception as exc:  # noqa: BLE001 - re-raised below once every closer ran
+                    first = first or exc
         if first is not None:
             raise first

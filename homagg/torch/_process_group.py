@@ -174,7 +174,8 @@ class ProcessGroupHomagg(ProcessGroup):
 
     @property
     def switch(self) -> SwitchLink:
-        """The switch this group aggregates through (port, address, job; owned emulator if any)."""
+        """The link this group aggregates through (port, address, job; owned emulator if any); while
+        :attr:`path` is ``host``, one of kind ``host`` (the gloo host path), never a failed, closed link."""
         if self._link is None:
             raise TransportError("homagg process group is shut down")
         return self._path.link if self._path is not None else self._link

@@ -7,7 +7,8 @@ the embedded emulator itself at ``KILL_AT`` (``CRASH=embedded``; the group start
 returns).  ``STEP_S`` seconds of "compute" per step give the switch time to come back.
 
 Each rank reports its loss per step, its parameters after the last step, the path every step's
-allreduces took (``switch``/``host``) and the group's path statistics.
+allreduces took (``switch``/``host``), the kind and job of ``pg.switch`` after every step, and the
+group's path statistics.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ pg = dist.distributed_c10d._get_default_group()
 torch.manual_seed(0)
 model = DDP(Net())
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-losses, paths = [], []
+losses, paths, links = [], [], []
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     for step in range(STEPS):
@@ -53,11 +54,13 @@ with warnings.catch_warnings(record=True) as caught:
         opt.step()
         losses.append(loss.item())
         paths.append(pg.path)
+        links.append([pg.switch.kind, pg.switch.job_id])
         time.sleep(STEP_S)
 params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 write_result({
     "losses": losses,
     "paths": paths,
+    "links": links,
     "params": tensor_to_json(params),
     "stats_paths": dict(pg.stats.paths),
     "transitions": pg.stats.transitions,

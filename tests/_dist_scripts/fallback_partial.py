@@ -65,6 +65,7 @@ write_result({
     "seconds": seconds,
     "path_after_muted": path_after_muted,
     "path": pg.path,
+    "link": {"kind": pg.switch.kind, "job": pg.switch.job_id},
     "paths": dict(pg.stats.paths),
     "transitions": pg.stats.transitions,
     "warnings": [str(w.message) for w in caught if issubclass(w.category, homagg.PathWarning)],

@@ -165,3 +165,33 @@ def test_ddp_survives_an_external_emulator_killed_and_restarted(tmp_path: Path, 
         assert "no longer holds this job" in fallback["cause"], fallback
     assert not any(process_alive(p.pid) for p in procs)
     print(json.dumps({"operator": log, "transitions": results[0]["transitions"]}))
+
+
+def _faults(scenario: str, **env: str) -> list[dict]:
+    results, _ = launch("switch_faults.py", 2, timeout=180,
+                        env={"SCENARIO": scenario, "HOMAGG_PROBE_INTERVAL": "0.2", "HOMAGG_TIMEOUT": "30", **env})
+    return results
+
+
+def _data(rank: int, call: int, n: int = 50_000) -> torch.Tensor:
+    return (torch.arange(n, dtype=torch.float32) % 1000) * (rank + 1) + call
+
+
+def test_a_failed_emulator_restart_keeps_the_group_on_the_host_path() -> None:
+    """The embedded emulator is killed and cannot be started again (its command line refuses rank
+    0's environment): each return fails at once on every rank (rank 0 publishes its error), the calls
+    go on on the host path with exact sums."""
+    results = _faults("restart_fails", CALLS="10")
+    for r, res in enumerate(results):
+        assert res["error"] is None, res["error"]
+        assert torch.equal(tensor_from_json(res["first"]), _data(0, 0) + _data(1, 0))
+        assert len(res["calls"]) == 10
+        for c, call in enumerate(res["calls"], start=1):
+            assert torch.equal(tensor_from_json(call["result"]), _data(0, c) + _data(1, c)), f"rank {r} call {c}"
+            assert call["path"] == "host" and call["link"] == "host"
+            assert call["seconds"] < 15.0, (r, c, call["seconds"])  # not the group timeout
+        failed = [t for t in res["transitions"] if t["from"] == t["to"] == "host"]
+        assert len(failed) >= 2, res["transitions"]
+        assert "cannot start the embedded emulator" in failed[0]["cause"] or r != 0, failed
+        assert "could not open the switch" in failed[0]["cause"] or r != 1, failed
+        assert len(res["warnings"]) == 1, res["warnings"]  # the fallback; failed returns do not warn

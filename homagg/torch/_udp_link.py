@@ -147,17 +147,19 @@ def open_udp(
     emulator = None
     host = ""
     if rank == 0:
-        if config.switch == "embedded":
-            host = emulator_host(config, store)
-            emulator = _acquire_emulator(host)
-            data_addr, ctl_addr = tuple(emulator.data_addr), tuple(emulator.control_addr)
-            words, slots = embedded_packet_shape(data_addr[0], config.words_per_packet, config.slots)
-        else:
-            data_addr, ctl_addr = config.external_address, config.control_address  # type: ignore[assignment]
-            words = config.words_per_packet or P4.words_per_packet
-            slots = config.slots or P4.n_slots
-        secret = emulator.secret if emulator is not None else None
+        # everything rank 0 does before publishing may fail (the emulator does not start, the
+        # switch refuses the job): the others then learn it from the store at once
         try:
+            if config.switch == "embedded":
+                host = emulator_host(config, store)
+                emulator = _acquire_emulator(host)
+                data_addr, ctl_addr = tuple(emulator.data_addr), tuple(emulator.control_addr)
+                words, slots = embedded_packet_shape(data_addr[0], config.words_per_packet, config.slots)
+            else:
+                data_addr, ctl_addr = config.external_address, config.control_address  # type: ignore[assignment]
+                words = config.words_per_packet or P4.words_per_packet
+                slots = config.slots or P4.n_slots
+            secret = emulator.secret if emulator is not None else None
             with ControlClient(ctl_addr, timeout=min(config.timeout, 10.0), secret=secret) as ctl:
                 job = ctl.admit(size, n_slots=slots, words_per_packet=words)
         except BaseException as exc:
@@ -173,7 +175,8 @@ def open_udp(
                                    "secret": secret}))
     info = json.loads(store_get(store, key, group_timeout_s, "the switch address").decode())
     if "error" in info:
-        raise TransportError(f"homagg: group rank 0 could not admit the job on the switch: {info['error']}")
+        raise TransportError("homagg: group rank 0 could not open the switch (start the embedded emulator, admit "
+                             f"the job): {info['error']}")
     job = JobSpec.from_dict(info["job"])
     data_addr, ctl_addr = tuple(info["data"]), tuple(info["control"])
     secret = info.get("secret")

@@ -103,9 +103,9 @@ def test_ddp_survives_the_embedded_emulator_killed(undisturbed: list[dict]) -> N
     _check_disturbed(_ddp({"CRASH": "embedded", "KILL_AT": "15", "HOMAGG_PROBE_INTERVAL": "0.5"}), undisturbed)
 
 
-def _start_emulator(port: int, secret: str) -> subprocess.Popen[bytes]:
+def _start_emulator(port: int, secret: str, *args: str) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "switch_emulator", "--listen", f"127.0.0.1:{port}", "--control",
-           f"127.0.0.1:{port + 1}", "--log-level", "warning", "--ready-json"]
+           f"127.0.0.1:{port + 1}", "--log-level", "warning", "--ready-json", *args]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO), "HOMAGG_SWITCH_SECRET": secret},
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=str(REPO))
     assert proc.stdout is not None
@@ -114,13 +114,9 @@ def _start_emulator(port: int, secret: str) -> subprocess.Popen[bytes]:
     return proc
 
 
-@pytest.mark.parametrize("restart_at", [30, 15])
-def test_ddp_survives_an_external_emulator_killed_and_restarted(tmp_path: Path, undisturbed: list[dict],
-                                                                 restart_at: int) -> None:
-    """A standalone emulator is SIGKILLed at step 15 and a new one started at the same address at
-    step 30 (what an operator restarting the switch does), or at once: then the switch answers
-    before any rank saw it dead, but has lost the job, which the ranks' liveness probe asks it
-    (found in seconds, not at the 30 s progress timeout).  The run finishes on the switch."""
+def _external_run(tmp_path: Path, restart_at: int, *restart_args: str, **env: str) -> tuple[list[dict], list[str]]:
+    """DDP through a standalone emulator that an operator SIGKILLs at step 15 and starts again at
+    the same address (with ``restart_args``) at step ``restart_at``; every emulator is gone after."""
     port = free_port()
     while port + 1 > 65535:
         port = free_port()
@@ -140,7 +136,7 @@ def test_ddp_survives_an_external_emulator_killed_and_restarted(tmp_path: Path, 
                 killed = True
                 log.append(f"killed at step {step}")
             if killed and step >= restart_at:
-                procs.append(_start_emulator(port, secret))
+                procs.append(_start_emulator(port, secret, *restart_args))
                 log.append(f"restarted at step {step}")
                 return
             time.sleep(0.005)
@@ -149,7 +145,7 @@ def test_ddp_survives_an_external_emulator_killed_and_restarted(tmp_path: Path, 
     thread.start()
     try:
         results = _ddp({"CRASH": "external", "HOMAGG_SWITCH": f"127.0.0.1:{port}", "HOMAGG_SWITCH_SECRET": secret,
-                        "PROGRESS": str(progress), "HOMAGG_PROBE_INTERVAL": "0.2", "HOMAGG_TIMEOUT": "30"})
+                        "PROGRESS": str(progress), "HOMAGG_PROBE_INTERVAL": "0.2", "HOMAGG_TIMEOUT": "30", **env})
     finally:
         done.set()
         thread.join(10)
@@ -157,13 +153,49 @@ def test_ddp_survives_an_external_emulator_killed_and_restarted(tmp_path: Path, 
             if p.poll() is None:
                 p.kill()
             p.wait(10)
+    assert not any(process_alive(p.pid) for p in procs)
     assert len(log) == 2, log
+    return results, log
+
+
+@pytest.mark.parametrize("restart_at", [30, 15])
+def test_ddp_survives_an_external_emulator_killed_and_restarted(tmp_path: Path, undisturbed: list[dict],
+                                                                 restart_at: int) -> None:
+    """A standalone emulator is SIGKILLed at step 15 and a new one started at the same address at
+    step 30 (what an operator restarting the switch does), or at once: then the switch answers
+    before any rank saw it dead, but has lost the job, which the ranks' liveness probe asks it
+    (found in seconds, not at the 30 s progress timeout).  The run finishes on the switch."""
+    results, log = _external_run(tmp_path, restart_at)
     _check_disturbed(results, undisturbed)
     fallback = results[0]["transitions"][0]
     assert fallback["detect_s"] < 10, fallback  # the liveness probe, not the 30 s progress timeout
     if restart_at == 15:
         assert "no longer holds this job" in fallback["cause"], fallback
-    assert not any(process_alive(p.pid) for p in procs)
+    print(json.dumps({"operator": log, "transitions": results[0]["transitions"]}))
+
+
+def test_ddp_stays_on_the_host_path_when_the_switch_comes_back_forwarding_nothing(
+        tmp_path: Path, undisturbed: list[dict]) -> None:
+    """The standalone emulator comes back at step 30 dropping every datagram (it answers its control
+    port and admits jobs).  Each return's canary round fails within a few retransmission timeouts
+    (before: every return cost the 30 s progress timeout), and after ``return_attempts`` (2) failed
+    returns the group stays on the host path, with one warning; the run is bit-identical."""
+    results, log = _external_run(tmp_path, 30, "--drop", "1", "--engine", "python", HOMAGG_RETURN_ATTEMPTS="2")
+    params = [tensor_from_json(r["params"]) for r in results]
+    assert torch.equal(params[0], params[1]) and torch.equal(params[0], tensor_from_json(undisturbed[0]["params"]))
+    for res, ref in zip(results, undisturbed, strict=True):
+        assert res["losses"] == ref["losses"]
+        moves = [(t["from"], t["to"]) for t in res["transitions"] if t["from"] != t["to"]]
+        assert moves == [("switch", "host")], res["transitions"]  # never back on a switch that forwards nothing
+        failed = [t for t in res["transitions"] if t["from"] == t["to"] == "host" and not t.get("gave_up")]
+        assert len(failed) == 2 and all("canary round failed" in t["cause"] or "another rank" in t["cause"]
+                                        for t in failed), res["transitions"]
+        assert all(t["readmit_s"] < 10 for t in failed), failed  # a few RTOs, not the 30 s timeout
+        assert res["transitions"][-1].get("gave_up"), res["transitions"]
+        first_host = res["paths"].index("host")
+        assert first_host >= 15 and set(res["paths"][first_host:]) == {"host"}, res["paths"]
+        stays = [w for w in res["warnings"] if "stays on the host path" in w]
+        assert len(stays) == 1 and len(res["warnings"]) == 2, res["warnings"]  # the fallback, then giving up
     print(json.dumps({"operator": log, "transitions": results[0]["transitions"]}))
 
 
@@ -180,8 +212,9 @@ def _data(rank: int, call: int, n: int = 50_000) -> torch.Tensor:
 def test_a_failed_emulator_restart_keeps_the_group_on_the_host_path() -> None:
     """The embedded emulator is killed and cannot be started again (its command line refuses rank
     0's environment): each return fails at once on every rank (rank 0 publishes its error), the calls
-    go on on the host path with exact sums."""
-    results = _faults("restart_fails", CALLS="10")
+    go on on the host path with exact sums, and after ``return_attempts`` failures the group stops
+    trying, with one warning."""
+    results = _faults("restart_fails", CALLS="10", HOMAGG_RETURN_ATTEMPTS="2")
     for r, res in enumerate(results):
         assert res["error"] is None, res["error"]
         assert torch.equal(tensor_from_json(res["first"]), _data(0, 0) + _data(1, 0))
@@ -190,8 +223,10 @@ def test_a_failed_emulator_restart_keeps_the_group_on_the_host_path() -> None:
             assert torch.equal(tensor_from_json(call["result"]), _data(0, c) + _data(1, c)), f"rank {r} call {c}"
             assert call["path"] == "host" and call["link"] == "host"
             assert call["seconds"] < 15.0, (r, c, call["seconds"])  # not the group timeout
-        failed = [t for t in res["transitions"] if t["from"] == t["to"] == "host"]
-        assert len(failed) >= 2, res["transitions"]
+        failed = [t for t in res["transitions"] if t["from"] == t["to"] == "host" and not t.get("gave_up")]
+        assert len(failed) == 2, res["transitions"]
         assert "cannot start the embedded emulator" in failed[0]["cause"] or r != 0, failed
         assert "could not open the switch" in failed[0]["cause"] or r != 1, failed
-        assert len(res["warnings"]) == 1, res["warnings"]  # the fallback; failed returns do not warn
+        assert res["transitions"][-1].get("gave_up"), res["transitions"]
+        stays = [w for w in res["warnings"] if "stays on the host path" in w]
+        assert len(stays) == 1 and "2 returns to the switch failed" in stays[0], res["warnings"]

@@ -24,6 +24,12 @@ def test_defaults() -> None:
     assert cfg.external_address is None and cfg.control_address is None
 
 
+def test_return_attempts() -> None:
+    assert BackendConfig.resolve(None, env={}).return_attempts == 3
+    assert BackendConfig.resolve(None, env={"HOMAGG_RETURN_ATTEMPTS": "0"}).return_attempts == 0  # never return
+    assert BackendConfig.resolve({"return_attempts": 7}, env={"HOMAGG_RETURN_ATTEMPTS": "1"}).return_attempts == 7
+
+
 def test_env_then_pg_options_precedence() -> None:
     env = {"HOMAGG_SWITCH": "10.0.0.1:18497", "HOMAGG_SCHEME": "Sketch", "HOMAGG_TIMEOUT": "5"}
     cfg = BackendConfig.resolve(None, env=env)
@@ -54,6 +60,9 @@ def test_env_then_pg_options_precedence() -> None:
         {"words_per_packet": 1.5},
         {"codec": {"not an identifier": 1}},
         {"unknown_key": 1},
+        {"return_attempts": -1},
+        {"return_attempts": 2.5},
+        {"return_attempts": "often"},
     ],
 )
 def test_invalid_options_raise_config_error(options: dict) -> None:

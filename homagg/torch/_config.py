@@ -44,6 +44,11 @@ group is created; an invalid value raises :class:`~homagg.ConfigError` naming th
 ``probe_interval``  ``HOMAGG_PROBE_INTERVAL``     seconds between rank 0's probes of a failed
                                                   switch while on the host path (default: 1,
                                                   doubling after a failed return, up to 30)
+``return_attempts`` ``HOMAGG_RETURN_ATTEMPTS``    failed returns to the switch in a row (the
+                                                  re-admission, the canary round or the first
+                                                  call after the return failed) after which
+                                                  the group stays on the host path (default:
+                                                  3; 0: never return)
 ``codec``           (none)                        dict of extra keyword options for
                                                   :func:`homagg.allreduce`
 =================  ===========================  ==============================================
@@ -78,8 +83,10 @@ ENV_VARS: dict[str, str] = {
     "compress": "HOMAGG_COMPRESS",
     "fallback": "HOMAGG_FALLBACK",
     "probe_interval": "HOMAGG_PROBE_INTERVAL",
+    "return_attempts": "HOMAGG_RETURN_ATTEMPTS",
 }
 DEFAULT_TIMEOUT_S = 30.0
+_MAX_RETURN_ATTEMPTS = 1000
 #: what a switch failure does (``fallback``): continue on the host path, or raise
 FALLBACK_POLICIES = ("host", "error")
 
@@ -109,6 +116,7 @@ class BackendConfig:
     compress: str | None = None
     fallback: str = "host"
     probe_interval: float = 1.0
+    return_attempts: int = 3
     codec: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -125,7 +133,8 @@ class BackendConfig:
         if (isinstance(self.probe_interval, bool) or not isinstance(self.probe_interval, (int, float))
                 or not math.isfinite(self.probe_interval) or self.probe_interval <= 0):
             raise ConfigError(f"probe_interval: expected a finite number of seconds > 0, got {self.probe_interval!r}")
-        for key, low, high in (("words_per_packet", 1, MAX_WORDS_JUMBO), ("slots", 1, MAX_SLOTS)):
+        for key, low, high in (("words_per_packet", 1, MAX_WORDS_JUMBO), ("slots", 1, MAX_SLOTS),
+                               ("return_attempts", 0, _MAX_RETURN_ATTEMPTS)):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
                 raise ConfigError(f"{key}: expected an int in [{low}, {high}], got {value!r}")
@@ -206,7 +215,7 @@ def _convert(key: str, value: Any, *, source: str) -> Any:
         if not math.isfinite(seconds) or seconds <= 0:
             raise ConfigError(f"{source}: {key} must be finite and > 0, got {value!r}")
         return seconds
-    if key in ("words_per_packet", "slots"):
+    if key in ("words_per_packet", "slots", "return_attempts"):
         try:
             number = int(value)
         except (TypeError, ValueError):

@@ -7,12 +7,15 @@ gloo group on how far each got, completes the failed round the same way, and the
 the *host path*: the same codec, its rounds combined by :class:`~homagg.transport.GlooSwitchPort`
 (words ADDed/ORed/MAXed by gloo), so a call's result is bit-identical whichever path carried it.
 While on the host path, rank 0 probes the switch; when it answers, every rank re-admits the job
-(new job, token and slots) and the group returns to the switch at a call boundary all ranks agree on.
+(new job, token and slots), runs a canary round on it, and the group returns to the switch at a call
+boundary all ranks agree on (when and how often: :mod:`._comeback`).
 
 State machine (every rank passes the same transitions at the same round/call)::
 
     switch --(a round fails on some rank: agreement, recovery)--> host
-    host   --(call boundary, rank 0's probe answered, every rank re-registered)--> switch
+    host   --(call boundary, rank 0's probe answered, every rank re-registered,
+              the canary round right on every rank)--> switch
+    host   --(``return_attempts`` failed returns in a row)--> host for the group's life
 
 Agreement.  Every rank counts the rounds it completed (``rounds``; the codec makes every rank run
 the same rounds in the same order).  A round completes at a rank only when every rank sent its
@@ -58,13 +61,12 @@ import torch.distributed as dist
 from .._errors import HomAggError, PathWarning, ProtocolError, TransportError
 from ..codec import WorkerStats
 from ..transport import GlooSwitchPort, Stream, SwitchPort, transport_error
+from ._comeback import GIVE_UP, TRY, ReturnSchedule, canary
 from ._link import SwitchLink
 
 __all__ = ["PathPort"]
 
 _OK, _FAILED, _ABORTED = 0, 1, 2  # a rank's state in the agreement
-_MAX_PROBE_INTERVAL_S = 30.0
-_FLAP_WINDOW_S = 60.0  # a fallback this soon after a return doubles the probe interval
 #: bound on waiting for failed links' closes at :meth:`PathPort.close` (each is bounded itself:
 #: the store count of closed ports, a connect to the switch, an emulator's stop)
 _CLOSE_JOIN_S = 20.0
@@ -74,12 +76,15 @@ class PathPort(SwitchPort):
     """One rank's rounds, on the switch or on the host path (see the module docstring).
 
     ``open_link(epoch)`` opens a new switch link for the group (collective: rank 0 admits a job,
-    every rank registers); ``probe()`` (rank 0) says whether the switch answers again.
+    every rank registers); ``probe()`` (rank 0) says whether the switch answers again;
+    ``return_attempts``: failed returns in a row after which the group stays on the host path
+    (:mod:`._comeback`); ``timeout_s``: gloo's bound.
     """
 
     def __init__(self, link: SwitchLink, gloo: dist.ProcessGroup, rank: int, world_size: int, *,
                  stats: WorkerStats, policy: str, timeout_s: float, probe_interval_s: float,
-                 open_link: Callable[[int], SwitchLink], probe: Callable[[], bool]) -> None:
+                 open_link: Callable[[int], SwitchLink], probe: Callable[[], bool],
+                 return_attempts: int = 3) -> None:
         self.rank, self.world_size = rank, world_size
         #: the link in use: the switch's, or on the host path one of kind ``host`` over the
         #: group's gloo host path (never a failed, closed link)
@@ -93,15 +98,14 @@ class PathPort(SwitchPort):
         self._gloo = gloo
         self._host = GlooSwitchPort(gloo, rank, world_size, timeout_s=timeout_s)
         self._timeout_s = timeout_s
-        self._open_link, self._probe = open_link, probe
-        self._probe_interval_s = self._interval_s = probe_interval_s
-        self._next_probe = 0.0
+        self._open_link = open_link
+        self._returns = ReturnSchedule(probe_interval_s, return_attempts, probe)
+        self._on_host_for_good = False  # the schedule gave up returning
         self._dirty = False  # switch rounds since the last agreement
         self._call_host = False  # the current call used the host path
         self._calls = 0  # calls started (at_call_boundary)
         self._sync_from = 0  # the first call whose boundary syncs on the host path
         self._fallback_at = 0.0
-        self._returned_at = -1e9
         self._host_link = SwitchLink(self._host, "host")  # what :attr:`link` is on the host path
         self._closing: list[threading.Thread] = []  # closes of failed links, joined by close()
 
@@ -232,11 +236,7 @@ class PathPort(SwitchPort):
         self.link = self._host_link  # never the failed link: that one is being closed
         self.last, self._dirty, self._call_host = None, False, True
         self._fallback_at = time.monotonic()
-        # a switch that fails again soon after a return (e.g. alive but dropping everything) is
-        # probed less and less often: each such return cost a detection
-        recent = self._fallback_at - self._returned_at < _FLAP_WINDOW_S
-        self._interval_s = min(2 * self._interval_s, _MAX_PROBE_INTERVAL_S) if recent else self._probe_interval_s
-        self._next_probe = self._fallback_at + self._interval_s
+        self._returns.fell_back(self._fallback_at, cause)  # in the first call after a return: it failed
         self.stats.transitions.append({"at_call": self._calls, "from": "switch", "to": "host", "cause": cause,
                                        "detect_s": round(detect_s, 4), "agree_s": round(agree_s, 4)})
         warnings.warn(f"homagg: the switch failed ({cause}); rank {self.rank} continues on the host path "
@@ -244,20 +244,22 @@ class PathPort(SwitchPort):
         self._closing.append(_close_quietly(dead))
 
     def at_call_boundary(self) -> None:
-        """Before each call: on the host path, go back to the switch when rank 0's probe says it
-        answers and every rank re-registered (the decision is a collective: the same on every rank)."""
+        """Before each call: on the host path, go back to the switch when rank 0's schedule says
+        try, the probe found it, every rank re-registered and the canary round came back right on
+        every rank (each decision is a collective: the same on every rank); or stay on the host
+        path for good once the schedule gives up (:mod:`._comeback`)."""
         self._calls += 1
         self._call_host = self.path == "host"
-        if self.path != "host" or self._calls < self._sync_from:
+        if self.path != "host" or self._on_host_for_good or self._calls < self._sync_from:
             return
-        want = torch.zeros(1, dtype=torch.int64)
-        now = time.monotonic()
-        if self.rank == 0 and now >= self._next_probe:
-            self._next_probe = now + self._interval_s
-            want[0] = int(self._probe())
-        self._allreduce(want, dist.ReduceOp.MAX, "the switch probe's verdict")
-        if want[0]:
+        verdict = torch.zeros(1, dtype=torch.int64)
+        if self.rank == 0:
+            verdict[0] = self._returns.verdict(time.monotonic())
+        self._allreduce(verdict, dist.ReduceOp.MAX, "the switch probe's verdict")
+        if verdict[0] == TRY:
             self._try_return()
+        elif verdict[0] == GIVE_UP:
+            self._give_up()
         self._call_host = self.path == "host"
 
     def _try_return(self) -> None:
@@ -268,32 +270,48 @@ class PathPort(SwitchPort):
         try:
             link = self._open_link(self.epoch)
         except HomAggError as exc:
-            why = str(exc)
+            why = f"re-admission failed: {exc}"
         ok = torch.tensor([int(link is not None)], dtype=torch.int64)
         self._allreduce(ok, dist.ReduceOp.MIN, "re-admission to the switch")
+        if ok[0]:
+            assert link is not None
+            why = canary(link.port, self.rank, self.world_size) or ""
+            ok[0] = int(not why)
+            self._allreduce(ok, dist.ReduceOp.MIN, "the canary round's verdict")
         if not ok[0]:
             if link is not None:
                 self._closing.append(_close_quietly(link))
-            self._interval_s = min(2 * self._interval_s, _MAX_PROBE_INTERVAL_S)
-            self._next_probe = time.monotonic() + self._interval_s
-            self.stats.transitions.append({"at_call": self._calls, "from": "host", "to": "host",
-                                           "cause": f"re-admission failed: {why or 'on another rank'}",
+            why = why or "re-admission or the canary round failed on another rank"
+            self._returns.failed(time.monotonic(), why)
+            self.stats.transitions.append({"at_call": self._calls, "from": "host", "to": "host", "cause": why,
                                            "readmit_s": round(time.monotonic() - t0, 4)})
             return
         assert link is not None
         self.link, self.path, self._dirty = link, "switch", False
-        self._returned_at = time.monotonic()
+        self._returns.returned(time.monotonic())
         readmit_s = time.monotonic() - t0
         self.stats.transitions.append({"at_call": self._calls, "from": "host", "to": "switch",
                                        "cause": f"switch answers again (job {link.job_id})",
                                        "readmit_s": round(readmit_s, 4),
                                        "host_s": round(time.monotonic() - self._fallback_at, 4)})
         warnings.warn(f"homagg: the switch answers again; rank {self.rank} is back on it (job {link.job_id}, "
-                      f"re-admitted in {readmit_s:.3f}s)", PathWarning, stacklevel=2)
+                      f"re-admitted and checked in {readmit_s:.3f}s)", PathWarning, stacklevel=2)
+
+    def _give_up(self) -> None:
+        self._on_host_for_good = True
+        attempts, failures = self._returns.attempts, self._returns.failures
+        cause = (f"{failures} returns to the switch failed in a row (last: {self._returns.last_failure})"
+                 if attempts else "returns to the switch are off")
+        self.stats.transitions.append({"at_call": self._calls, "from": "host", "to": "host",
+                                       "cause": f"staying on the host path: {cause}", "gave_up": True})
+        warnings.warn(f"homagg: rank {self.rank} stays on the host path for the rest of this group's life: {cause} "
+                      f"(return_attempts={attempts}, HOMAGG_RETURN_ATTEMPTS)", PathWarning, stacklevel=2)
 
     def end_call(self) -> None:
         """Count the call that just completed under the path that completed it."""
         self.stats.paths["host" if self._call_host else "switch"] += 1
+        if not self._call_host:
+            self._returns.served()
 
     def close(self) -> None:
         """Release the host path and the link in use; wait (bounded) for failed links' closes."""

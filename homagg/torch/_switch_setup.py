@@ -51,7 +51,8 @@ def _store_get(store: dist.Store, key: str, timeout_s: float, what: str) -> byte
 def _agree_on_config(config: BackendConfig, store: dist.Store, rank: int, timeout_s: float) -> None:
     mine = json.dumps(
         {"switch": config.switch, "scheme": config.scheme, "codec": dict(config.codec), "compress": config.compress,
-         "fallback": config.fallback, "probe_interval": config.probe_interval},
+         "fallback": config.fallback, "probe_interval": config.probe_interval,
+         "return_attempts": config.return_attempts},
         sort_keys=True, default=repr
     )
     if rank == 0:

@@ -199,6 +199,23 @@ def test_ddp_stays_on_the_host_path_when_the_switch_comes_back_forwarding_nothin
     print(json.dumps({"operator": log, "transitions": results[0]["transitions"]}))
 
 
+@pytest.mark.parametrize("kill", [True, False])
+def test_the_last_call_reached_some_ranks_then_the_group_closed(kill: bool) -> None:
+    """The muted call is the group's last: ranks 0 and 1 get its result and destroy the group while
+    rank 2 still waits.  Their close meets rank 2's agreement (when it finds the switch killed, or
+    stalled at its progress timeout), so rank 2 ends with the result instead of an error."""
+    n = 100_000
+    results, outputs = launch("fallback_partial.py", 3, timeout=120,
+                              env={"NEXT": "none", "KILL": str(int(kill)), "N": str(n), "HOMAGG_EMULATOR_FAULTS": "1",
+                                   "HOMAGG_TIMEOUT": "10" if kill else "3"})
+    for r, res in enumerate(results):
+        assert torch.equal(tensor_from_json(res["muted"]), _oracle(n, 3, 1)), f"rank {r}: wrong result of the last call"
+    assert [r["path_after_muted"] for r in results] == ["switch", "switch", "host"]
+    assert results[2]["paths"] == {"switch": 1, "host": 1}
+    assert len(results[2]["warnings"]) == 1 and "host path" in results[2]["warnings"][0]
+    assert "RuntimeWarning" not in "".join(outputs)  # every close confirmed the last call
+
+
 def _faults(scenario: str, **env: str) -> list[dict]:
     results, _ = launch("switch_faults.py", 2, timeout=180,
                         env={"SCENARIO": scenario, "HOMAGG_PROBE_INTERVAL": "0.2", "HOMAGG_TIMEOUT": "30", **env})

@@ -37,6 +37,11 @@ operation after switch rounds each rank runs the same agreement (:meth:`PathPort
 with nothing failed, so a waiting rank's agreement and the finished rank's header are the same
 collective.
 
+Closing.  A rank that finished the last call on the switch may close the group while another still
+waits for that call's last result.  :meth:`PathPort.close` runs the same agreement first, bounded by
+the switch's progress timeout plus a margin (the longest the waiting rank takes to find the switch
+failed), so the waiting rank gets the result from the others before they exit.
+
 Policy: ``fallback="error"`` keeps the old behaviour (the port's error reaches the caller, the group
 is unusable).  Errors a fallback cannot fix still surface: a peer that died (the agreement's gloo
 collective fails), ranks out of step (:class:`~homagg.RankMismatchError` is not a transport error),
@@ -53,6 +58,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -67,6 +73,9 @@ from ._link import SwitchLink
 __all__ = ["PathPort"]
 
 _OK, _FAILED, _ABORTED = 0, 1, 2  # a rank's state in the agreement
+#: the agreement at close waits for a rank still in the last round this long past the switch's
+#: progress timeout (the longest that rank can take to find the switch failed)
+_CLOSE_SLACK_S = 5.0
 #: bound on waiting for failed links' closes at :meth:`PathPort.close` (each is bounded itself:
 #: the store count of closed ports, a connect to the switch, an emulator's stop)
 _CLOSE_JOIN_S = 20.0
@@ -78,13 +87,14 @@ class PathPort(SwitchPort):
     ``open_link(epoch)`` opens a new switch link for the group (collective: rank 0 admits a job,
     every rank registers); ``probe()`` (rank 0) says whether the switch answers again;
     ``return_attempts``: failed returns in a row after which the group stays on the host path
-    (:mod:`._comeback`); ``timeout_s``: gloo's bound.
+    (:mod:`._comeback`); ``timeout_s``: gloo's bound; ``switch_timeout_s``: the switch port's
+    progress timeout (bounds the agreement at :meth:`close`).
     """
 
     def __init__(self, link: SwitchLink, gloo: dist.ProcessGroup, rank: int, world_size: int, *,
                  stats: WorkerStats, policy: str, timeout_s: float, probe_interval_s: float,
                  open_link: Callable[[int], SwitchLink], probe: Callable[[], bool],
-                 return_attempts: int = 3) -> None:
+                 switch_timeout_s: float = 30.0, return_attempts: int = 3) -> None:
         self.rank, self.world_size = rank, world_size
         #: the link in use: the switch's, or on the host path one of kind ``host`` over the
         #: group's gloo host path (never a failed, closed link)
@@ -98,6 +108,7 @@ class PathPort(SwitchPort):
         self._gloo = gloo
         self._host = GlooSwitchPort(gloo, rank, world_size, timeout_s=timeout_s)
         self._timeout_s = timeout_s
+        self._close_wait_s = min(timeout_s, switch_timeout_s + _CLOSE_SLACK_S)
         self._open_link = open_link
         self._returns = ReturnSchedule(probe_interval_s, return_attempts, probe)
         self._on_host_for_good = False  # the schedule gave up returning
@@ -173,7 +184,7 @@ class PathPort(SwitchPort):
         self._dirty = False
 
     # ------------------------------------------------------------------ agreement
-    def _agree(self, state: int) -> list[tuple[int, int]]:
+    def _agree(self, state: int, bound_s: float | None = None) -> list[tuple[int, int]]:
         """Every rank's (state, rounds completed): an allgather over the private gloo group.
 
         It also carries each rank's call count: the first call boundary that syncs on the host path
@@ -182,7 +193,7 @@ class PathPort(SwitchPort):
         at the same boundary."""
         rows = torch.zeros(self.world_size, 3, dtype=torch.int64)
         rows[self.rank, 0], rows[self.rank, 1], rows[self.rank, 2] = state, self.rounds, self._calls
-        self._allreduce(rows, dist.ReduceOp.SUM, "agreement on the switch failure")
+        self._allreduce(rows, dist.ReduceOp.SUM, "agreement on the switch failure", bound_s)
         self._sync_from = int(rows[:, 2].max()) + 1
         return [(int(s), int(n)) for s, n, _ in rows.tolist()]
 
@@ -217,18 +228,21 @@ class PathPort(SwitchPort):
             return self._host.combine(streams) if streams is not None else None
         return out
 
-    def _allreduce(self, t: torch.Tensor, op: Any, what: str) -> None:
+    def _allreduce(self, t: torch.Tensor, op: Any, what: str, bound_s: float | None = None) -> None:
+        """``t`` reduced over the private gloo group, within gloo's timeout or ``bound_s``."""
         opts = dist.AllreduceOptions()
         opts.reduceOp = op
-        self._gloo_call(what, lambda: self._gloo.allreduce([t], opts))
+        if bound_s is not None:
+            opts.timeout = timedelta(seconds=bound_s)
+        self._gloo_call(what, lambda: self._gloo.allreduce([t], opts), bound_s)
 
-    def _gloo_call(self, what: str, call: Callable[[], Any]) -> None:
+    def _gloo_call(self, what: str, call: Callable[[], Any], bound_s: float | None = None) -> None:
         t0 = time.monotonic()
         try:
             call().wait()
         except RuntimeError as exc:  # a peer died, or gloo's timeout
-            raise transport_error(exc, f"homagg rank {self.rank}: {what} (host path)", timeout_s=self._timeout_s,
-                                  waited_s=time.monotonic() - t0) from exc
+            raise transport_error(exc, f"homagg rank {self.rank}: {what} (host path)",
+                                  timeout_s=bound_s or self._timeout_s, waited_s=time.monotonic() - t0) from exc
 
     # ------------------------------------------------------------------ transitions
     def _to_host(self, cause: str, detect_s: float, agree_s: float) -> None:
@@ -314,7 +328,30 @@ class PathPort(SwitchPort):
             self._returns.served()
 
     def close(self) -> None:
-        """Release the host path and the link in use; wait (bounded) for failed links' closes."""
+        """Release the host path and the link in use; wait (bounded) for failed links' closes.
+
+        After switch rounds, first the agreement every gloo operation starts with
+        (:meth:`before_gloo_op`), bounded by the switch's progress timeout plus a margin: a rank
+        still waiting for the last call's result (it reached the others, then the switch died)
+        meets it when it finds the switch failed, and gets that result from the others."""
+        try:
+            self._settle_last_round()
+        finally:
+            self._release()
+
+    def _settle_last_round(self) -> None:
+        if self.path != "switch" or not self._dirty or self.policy == "error":
+            return
+        self._dirty = False
+        try:
+            table = self._agree(_OK, self._close_wait_s)
+            if _ranks_in(table, _FAILED):
+                self._recover(table, None)
+        except HomAggError as exc:
+            warnings.warn(f"homagg rank {self.rank}: closing, could not confirm that every rank got the last "
+                          f"call's result ({exc})", RuntimeWarning, stacklevel=3)
+
+    def _release(self) -> None:
         self.last = None
         self._host.close()
         self.link.close()

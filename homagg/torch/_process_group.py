@@ -146,7 +146,7 @@ class ProcessGroupHomagg(ProcessGroup):
         config, first = self.config, self._link
         return PathPort(
             first, self._private, rank, size, stats=self.stats, policy=config.fallback, timeout_s=timeout_s,
-            probe_interval_s=config.probe_interval, return_attempts=config.return_attempts,
+            probe_interval_s=config.probe_interval, switch_timeout_s=config.timeout, return_attempts=config.return_attempts,
             open_link=lambda epoch: reopen_switch(config, store, rank, size, group_id, timeout_s, epoch),
             probe=lambda: probe_switch(config, first))
 

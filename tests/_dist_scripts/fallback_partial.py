@@ -3,10 +3,12 @@
 Three ranks on the embedded emulator (fault injection allowed).  Rank 0 mutes rank 2 at the
 emulator (``mute``: the switch combines as usual, rank 2 gets no result), all ranks start an
 all_reduce; ranks 0 and 1 get the result and return, rank 2 waits.  Rank 0 then SIGKILLs the
-emulator and every rank goes on with ``NEXT``: another all_reduce (the ranks that finished fail in
-it and join rank 2's agreement) or a broadcast through the homagg group (their header meets rank
-2's agreement).  Each rank reports its result of the muted call, the next operation's result, and
-the group's path statistics; the test compares them with the exact sums and across ranks.
+emulator (unless ``KILL=0``: then rank 2 finds the stalled switch at its progress timeout) and every
+rank goes on with ``NEXT``: another all_reduce (the ranks that finished fail in it and join rank
+2's agreement), a broadcast through the homagg group (their header meets rank 2's agreement), or
+``none``: the group is destroyed at once (the agreement at close meets rank 2's).  Each rank
+reports its result of the muted call, the next operation's result, and the group's path
+statistics; the test compares them with the exact sums and across ranks.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from _launch import tensor_to_json, write_result
 
 RANK = int(os.environ["RANK"])
 NEXT = os.environ["NEXT"]
+KILL = os.environ.get("KILL", "1") == "1"
 N = int(os.environ.get("N", "100000"))
 
 dist.init_process_group("homagg")
@@ -51,9 +54,11 @@ with warnings.catch_warnings(record=True) as caught:
     dist.all_reduce(muted)
     seconds = time.monotonic() - t0
     path_after_muted = pg.path
-    if RANK == 0:
+    if RANK == 0 and KILL:
         os.kill(emulator.process.pid, signal.SIGKILL)
-    if NEXT == "allreduce":
+    if NEXT == "none":
+        following = torch.zeros(0)
+    elif NEXT == "allreduce":
         following = data(RANK, 2)
         dist.all_reduce(following)
     else:
@@ -70,4 +75,6 @@ write_result({
     "transitions": pg.stats.transitions,
     "warnings": [str(w.message) for w in caught if issubclass(w.category, homagg.PathWarning)],
 })
+t0 = time.monotonic()
 dist.destroy_process_group()
+print(f"rank {RANK}: destroy_process_group took {time.monotonic() - t0:.2f}s", flush=True)

@@ -247,3 +247,25 @@ def test_a_failed_emulator_restart_keeps_the_group_on_the_host_path() -> None:
         assert res["transitions"][-1].get("gave_up"), res["transitions"]
         stays = [w for w in res["warnings"] if "stays on the host path" in w]
         assert len(stays) == 1 and "2 returns to the switch failed" in stays[0], res["warnings"]
+
+
+def test_an_emulator_that_drops_everything_is_an_error_in_seconds() -> None:
+    """``HOMAGG_FALLBACK=error``: the switch holds the job and answers its control port but drops
+    every datagram; the error arrives within seconds (not the 30 s timeout) and says what was seen."""
+    results = _faults("drop_all", HOMAGG_FALLBACK="error", HOMAGG_EMULATOR_FAULTS="1", CALLS="1")
+    for r, res in enumerate(results):
+        error = res["error"]
+        assert error is not None and error["type"] == "SwitchTimeoutError", (r, error)
+        assert "holds this job but accepted none of its datagrams" in error["message"], error
+        assert "drop_injected +" in error["message"], error
+        assert error["seconds"] < 10.0, error  # ~2 s, not HOMAGG_TIMEOUT=30
+
+
+def test_ddp_survives_an_embedded_emulator_that_drops_everything(undisturbed: list[dict]) -> None:
+    """The embedded emulator starts dropping every datagram at step 15 (it stays up, holding the
+    job): found in seconds, the group falls back and returns to a new emulator; bit-identical."""
+    results = _ddp({"CRASH": "drop_all", "KILL_AT": "15", "HOMAGG_PROBE_INTERVAL": "0.5", "HOMAGG_TIMEOUT": "30",
+                    "HOMAGG_EMULATOR_FAULTS": "1"})
+    _check_disturbed(results, undisturbed)
+    fallback = results[0]["transitions"][0]
+    assert "accepted none of its datagrams" in fallback["cause"] and fallback["detect_s"] < 10, fallback

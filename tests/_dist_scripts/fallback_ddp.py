@@ -4,7 +4,8 @@
 writes the step it is at to ``PROGRESS`` (a file) before each step, so that the test process can
 SIGKILL the switch and start it again at chosen steps (an external emulator), or rank 0 kills
 the embedded emulator itself at ``KILL_AT`` (``CRASH=embedded``; the group starts a new one when it
-returns).  ``STEP_S`` seconds of "compute" per step give the switch time to come back.
+returns) or sets it to drop every datagram (``CRASH=drop_all``, with ``HOMAGG_EMULATOR_FAULTS=1``).
+``STEP_S`` seconds of "compute" per step give the switch time to come back.
 
 Each rank reports its loss per step, its parameters after the last step, the path every step's
 allreduces took (``switch``/``host``), the kind and job of ``pg.switch`` after every step, and the
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import homagg
+from homagg.transport import ControlClient
 from _ddp_model import Net, batch
 from _launch import tensor_to_json, write_result
 
@@ -47,6 +49,9 @@ with warnings.catch_warnings(record=True) as caught:
             Path(PROGRESS).write_text(str(step))
         if CRASH == "embedded" and RANK == 0 and step == KILL_AT:
             os.kill(pg.switch.emulator.process.pid, signal.SIGKILL)
+        if CRASH == "drop_all" and RANK == 0 and step == KILL_AT:  # up, holding the job, forwarding nothing
+            with ControlClient(pg.switch.control, secret=pg.switch.emulator.secret) as ctl:
+                ctl.set_faults(drop=1.0)
         x, y = batch(step, RANK)
         opt.zero_grad()
         loss = (model(x) - y).square().mean()

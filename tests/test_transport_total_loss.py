@@ -73,8 +73,9 @@ def test_a_late_peer_is_not_total_loss(native: bool) -> None:
                 for r in range(world):
                     assert isinstance(outs[r], torch.Tensor), outs[r]
                     assert torch.equal(outs[r], data[0] + data[1])
-            retransmits = ports[0].stats["retransmits"]
+            retransmits, probes = ports[0].stats["retransmits"], ports[0].stats.get("loss_probes", 0)
         finally:
             for p in ports:
                 p.close()
     assert retransmits >= 3  # rank 0 resent while it waited: the total-loss rule was asked, and said no
+    assert 4 <= probes <= 8, probes  # its probes: at the stall's first sighting, then at most every 2 s

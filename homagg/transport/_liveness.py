@@ -26,12 +26,14 @@ that reuses the id is not ours); a definite "no" is positive evidence too.
 
 Total loss: a switch that holds the job but forwards nothing (it drops every datagram, or every one
 of this job's) looks alive on both counts.  Where its status counts the job's accepted datagrams
-(the emulator's ``packets``), the first sighting of a stall is a baseline, and the port then sends
-``loss_probes`` (4) copies of its oldest pending datagram (:meth:`Liveness.take_probes`; marked as
-retransmissions, so the switch treats them as it treats any).  A sighting ``loss_window_s`` (0.5 s)
-or more later in the same stall whose count has not moved, while this worker sent at least that
-many datagrams since the baseline (other workers' datagrams would only move it), means none arrived:
-the reason says so, with the switch's counters that moved meanwhile (``rx``, ``drop_<reason>``).
+(the emulator's ``packets``), the first sighting of a stall is a baseline (so is any sighting whose
+count moved), and the port then sends ``loss_probes`` (4) copies of its oldest pending datagram
+(:meth:`Liveness.take_probes`; marked as retransmissions, so the switch treats them as it treats
+any; at most every ``loss_probe_gap_s``, 2 s, in one stall: a long wait for a late peer costs a few
+datagrams a second, not more).  A sighting ``loss_window_s`` (0.5 s) or more after the baseline
+whose count has not moved, while this worker sent at least ``loss_probes`` datagrams since (other
+workers' datagrams would only move it), means none arrived: the reason says so, with the switch's
+counters that moved meanwhile (``rx``, ``drop_<reason>``).
 A lossy but working network loses all of them only with probability (loss rate)^(4 x workers).
 Results lost on their way back are not seen this way (the switch accepted the datagrams): the
 progress timeout finds those.  "Cannot tell" (no job list, no count, an error) is never evidence.
@@ -91,16 +93,18 @@ class Liveness:
     def __init__(self, control: tuple[str, int] | None, *, interval_s: float = 0.25, connect_timeout_s: float = 0.5,
                  min_stall_s: float = 0.5, no_control_stall_s: float = 1.0,
                  job_known: Callable[[], JobSighting] | None = None, job_stall_s: float = 0.5,
-                 job_interval_s: float = 0.5, loss_window_s: float = 0.5, loss_probes: int = 4) -> None:
+                 job_interval_s: float = 0.5, loss_window_s: float = 0.5, loss_probes: int = 4,
+                 loss_probe_gap_s: float = 2.0) -> None:
         self.control = control
         self.interval_s, self.connect_timeout_s = interval_s, connect_timeout_s
         self.min_stall_s, self.no_control_stall_s = min_stall_s, no_control_stall_s
         self.job_known, self.job_stall_s, self.job_interval_s = job_known, job_stall_s, job_interval_s
-        self.loss_window_s, self.loss_probes = loss_window_s, loss_probes
+        self.loss_window_s, self.loss_probes, self.loss_probe_gap_s = loss_window_s, loss_probes, loss_probe_gap_s
         self._next = 0.0
         self._next_job = 0.0
         self._baseline: _Baseline | None = None
         self._probes_due = 0
+        self._probed_at = -1e9  # when this stall's last probes were asked for
         self.probes = 0
         self.job_probes = 0
 
@@ -148,12 +152,20 @@ class Liveness:
         ``loss_window_s`` while this worker sent ``loss_probes`` or more (see the module docstring)."""
         base = self._baseline
         assert seen.packets is not None
-        if base is None or abs(base.stall_start - stall_start) > 1e-3 or base.packets != seen.packets:
-            self._baseline = _Baseline(now, stall_start, seen.packets, sent, dict(seen.counters))
-            self._probes_due = self.loss_probes
-            return None
-        if now - base.at < self.loss_window_s or sent - base.sent < self.loss_probes:
-            return None
+        new_stall = base is None or abs(base.stall_start - stall_start) > 1e-3
+        if new_stall:
+            self._probed_at = -1e9
+        if new_stall or base is None or base.packets != seen.packets:
+            base = self._baseline = _Baseline(now, stall_start, seen.packets, sent, dict(seen.counters))
+        elif now - base.at >= self.loss_window_s and sent - base.sent >= self.loss_probes:
+            return self._loss_reason(now, base, seen, sent)
+        if sent - base.sent < self.loss_probes and now - self._probed_at >= self.loss_probe_gap_s:
+            self._probes_due, self._probed_at = self.loss_probes, now
+        return None
+
+    @staticmethod
+    def _loss_reason(now: float, base: _Baseline, seen: JobSighting, sent: int) -> str:
+        """What was seen: the unmoved count, what this worker sent, the switch's counters that moved."""
         moved = {k: v - base.counters.get(k, 0) for k, v in sorted(seen.counters.items())
                  if isinstance(v, int) and v != base.counters.get(k, 0)}
         shown = ", ".join(f"{k} {d:+d}" for k, d in list(moved.items())[:6]) or "none moved"

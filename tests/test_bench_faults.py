@@ -77,5 +77,6 @@ def test_bench_faults_chaos_two_minutes_nothing_lost_nothing_hung(tmp_path: Path
     assert sum(ch["steps_per_path"].values()) == ch["steps"] >= 100
     assert all(r == ch["calls_per_path"] for r in ch["calls_per_path_by_rank"])
     assert sum(ch["calls_per_path"].values()) == 2 * ch["steps"]  # a gradient bucket and the stop flag per step
+    assert ch["undisturbed_calls_per_path"].get("switch") == 2 * ch["steps"] and ch["undisturbed_transitions"] == 0
     assert ch["params_identical_across_ranks"] and ch["params_equal_undisturbed"] and ch["losses_equal_undisturbed"]
     assert ch["params_max_abs_diff_undisturbed"] == 0.0 and ch["warnings"].get("PathWarning", 0) >= 4

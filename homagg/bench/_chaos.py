@@ -25,7 +25,8 @@ the run times, and the verdicts, each a failure when false:
   ``--chaos-kill-gap`` seconds apart, beyond the fallback's flap window (a switch that fails again
   within a minute of a return counts as a failed return; three in a row and the group stays on the
   host path, ``HOMAGG_RETURN_ATTEMPTS``), and every restarted emulator forwards: so giving up
-  here means returns failed for another reason.
+  here means returns failed for another reason;
+* ``undisturbed_transitions``: the undisturbed run left the switch path.
 
 Invariant: every wait is bounded (the watchdog, and the launcher's stall timeout behind it);
 every rank and emulator process is gone when :func:`chaos` returns.
@@ -130,10 +131,10 @@ def _paths(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _cause(text: str) -> str:
-    """A transition's cause with what differs from one to the next (rank, job, addresses) left out."""
+    """A transition's cause with what differs from one to the next (addresses, numbers) left out."""
     text = re.sub(r"^rank \d+: ", "", text)
     text = re.sub(r"\b\d{1,3}(\.\d{1,3}){3}:\d+\b", "ADDR", text)
-    return re.sub(r"\b(job|worker) \d+", r"\1 N", text)[:200]
+    return re.sub(r"\b\d+(\.\d+)?", "N", text)[:160]
 
 
 def _median(xs: list[float]) -> float | None:
@@ -184,7 +185,8 @@ def chaos(args: argparse.Namespace, duration: float) -> dict[str, Any]:
     base = [max(col) for col in zip(*(r["step_s"] for r in quiet))]
     rec.update(
         params=loud[0]["params"], steps=steps, run_s=round(sum(slowest), 2), undisturbed_run_s=round(sum(base), 2),
-        lost_s=round(sum(slowest) - sum(base), 2), median_step_s=_median(slowest), undisturbed_median_step_s=_median(base),
+        lost_s=round(sum(slowest) - sum(base), 2), undisturbed_calls_per_path=quiet[0]["stats_paths"],
+        undisturbed_transitions=len(quiet[0]["transitions"]), median_step_s=_median(slowest), undisturbed_median_step_s=_median(base),
         max_step_s=_max(slowest), **_paths(loud),
         params_identical_across_ranks=all(_same(ploud[0], p) for p in ploud[1:]),
         params_equal_undisturbed=all(_same(pquiet[0], p) for p in ploud),
@@ -198,6 +200,7 @@ def chaos(args: argparse.Namespace, duration: float) -> dict[str, Any]:
                             "every_kind_injected") if not rec[k]]
     failures += ["errors"] if errors else []
     failures += ["gave_up_returning"] if rec["gave_up_returning"] else []
+    failures += ["undisturbed_transitions"] if rec["undisturbed_transitions"] else []
     rec.update(ok=not failures, failures=failures)
     return rec
 

@@ -124,3 +124,17 @@ def test_new_group_returns_only_when_every_rank_registered() -> None:
     registered = results[-1]["registered_at"]
     for res in results:
         assert res["returned_at"] >= registered, (res, registered)
+
+
+@pytest.mark.parametrize("rank", [0, 5, 32])
+def test_more_ranks_than_one_switch_takes_is_a_config_error_on_every_rank(rank: int) -> None:
+    """33 ranks through a switch: each rank refuses alone, at once, naming the limit (before: rank 0's
+    switch refused the job and the other ranks waited, then raised a GroupCreationError that blamed
+    ranks which had not registered)."""
+    from homagg.torch._config import BackendConfig
+    from homagg.torch._process_group import ProcessGroupHomagg
+
+    t0 = time.monotonic()
+    with pytest.raises(homagg.ConfigError, match=r"world_size 33 exceeds one switch's 32 workers"):
+        ProcessGroupHomagg(dist.HashStore(), rank, 33, datetime.timedelta(seconds=1.5), BackendConfig.resolve(None))
+    assert time.monotonic() - t0 < 1.0

@@ -68,7 +68,7 @@ from typing import Any
 from ..codec._config import SCHEMES
 from .._errors import ConfigError
 from ..jobs import format_addr, parse_addr
-from ..wire import MAX_SLOTS, MAX_WORDS_JUMBO
+from ..wire import MAX_SLOTS, MAX_WORDS_JUMBO, MAX_WORKERS
 
 __all__ = ["BackendConfig", "ENV_VARS"]
 
@@ -163,6 +163,13 @@ class BackendConfig:
     def capped(self, group_timeout_s: float) -> BackendConfig:
         """This config with ``timeout`` no larger than the process group's own timeout."""
         return replace(self, timeout=min(self.timeout, group_timeout_s)) if group_timeout_s > 0 else self
+
+    def check_world(self, size: int) -> None:
+        """Refuse a group larger than one switch takes (the 32-bit worker bitmap) with a
+        :class:`~homagg.ConfigError`, on every rank before anything is sent; ``gloo`` has no limit."""
+        if self.switch != "gloo" and size > MAX_WORKERS:
+            raise ConfigError(f"homagg: world_size {size} exceeds one switch's {MAX_WORKERS} workers (the worker "
+                              f"bitmap); aggregation across switches is not built yet; switch='gloo' has no limit")
 
     @classmethod
     def resolve(cls, pg_options: Any = None, env: Mapping[str, str] | None = None) -> BackendConfig:

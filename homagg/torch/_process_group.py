@@ -125,6 +125,7 @@ class ProcessGroupHomagg(ProcessGroup):
     def _connect(self, store: dist.Store, rank: int, size: int, timeout: timedelta, group_id: str) -> None:
         """Both gloo groups (connected within the group timeout: see :mod:`._creation`), the switch
         port, then the creation barrier (every rank registered)."""
+        self.config.check_world(size)  # every rank alone, before the barrier
         deadline = time.monotonic() + timeout.total_seconds()
         arrive(store, rank, size, deadline)
         self._delegate = gloo_group(store, "homagg/delegate/", rank, size, timeout, deadline, "delegate")

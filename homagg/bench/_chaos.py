@@ -21,11 +21,9 @@ the run times, and the verdicts, each a failure when false:
 * ``errors``: a rank that raised (the fallback policy lets no error surface in this run: no rank
   dies, no input is bad), an exception in a rank's thread, or the injector's own failure;
 * ``every_kind_injected``: each fault kind happened at least once;
-* ``gave_up_returning``: the group stayed on the host path for good.  Kills are planned at least
-  ``--chaos-kill-gap`` seconds apart, beyond the fallback's flap window (a switch that fails again
-  within a minute of a return counts as a failed return; three in a row and the group stays on the
-  host path, ``HOMAGG_RETURN_ATTEMPTS``), and every restarted emulator forwards: so giving up
-  here means returns failed for another reason;
+* ``gave_up_returning``: the group stayed on the host path for good (``HOMAGG_RETURN_ATTEMPTS``
+  failed returns in a row).  Every restarted emulator forwards and no fault strikes the first call
+  after a return by design, so a give-up here means returns failed for another reason;
 * ``undisturbed_transitions``: the undisturbed run left the switch path.
 
 Invariant: every wait is bounded (the watchdog, and the launcher's stall timeout behind it);
@@ -65,8 +63,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chaos-probe", type=float, default=1.0, help="chaos: seconds between probes of a failed switch")
     p.add_argument("--chaos-gap", default="3,10", help="chaos: min,max seconds between faults (seeded)")
     p.add_argument("--chaos-kill-gap", type=float, default=70.0,
-                   help="chaos: seconds at least between two kills (more than the fallback's 60 s flap window: "
-                        "a switch that fails again within a minute of a return counts as a failed return)")
+                   help="chaos: seconds at least between two kills (more than the fallback's 60 s flap window: a "
+                        "fallback within a minute of a return doubles the probe interval, up to 30 s; 0: no spacing)")
     p.add_argument("--chaos-hang-s", type=float, default=None,
                    help="chaos: a rank without progress this long is hung (default max(60, 4 x --timeout))")
 

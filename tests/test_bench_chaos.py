@@ -8,6 +8,7 @@ must fail, not wait).
 from __future__ import annotations
 
 import itertools
+import json
 import sys
 import textwrap
 import time
@@ -16,9 +17,12 @@ from pathlib import Path
 import pytest
 
 from homagg import HomAggError
+from homagg.cli import main
 from homagg.bench._chaos_faults import KINDS, Chaos, Fault, schedule
 from homagg.bench._chaos_rank import PROGRESS_MARK
 from homagg.bench._ranks import launch_ranks
+from homagg.wire import MAX_WORKERS
+from tests.test_cli_bad_input import _homagg, _refused
 
 
 def _kill_times(plan: list[Fault]) -> list[float]:
@@ -81,3 +85,36 @@ def test_watchdog_names_the_hung_rank_with_its_stack_and_fails_the_run(tmp_path:
     assert (where["phase"], where["step"], where["path"]) == ("step", 3, "switch") and where["silent_s"] > 3.0
     assert "waits_for_a_peer_that_never_answers" in hang["stacks"][1]
     assert "waits_for_a_peer_that_never_answers" not in hang["stacks"][0]
+
+
+_CHAOS = ["bench", "faults", "--chaos", "--duration", "5", "--chaos-world", "2", "--chaos-width", "8"]
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--chaos-world", "0"], ["--chaos-world 0", f"1..{MAX_WORKERS}"]),
+    (["--chaos-world", str(MAX_WORKERS + 1)], [f"--chaos-world {MAX_WORKERS + 1}", f"1..{MAX_WORKERS}"]),
+    (["--chaos-width", "0"], ["--chaos-width 0", "at least 1"]),
+    (["--chaos-step-s", "-1"], ["--chaos-step-s -1", "[0, inf)"]),
+    (["--chaos-step-s", "nan"], ["--chaos-step-s nan", "[0, inf)"]),
+    (["--chaos-probe", "0"], ["--chaos-probe 0", "> 0"]),
+    (["--chaos-gap", "5"], ["--chaos-gap '5'", "MIN,MAX"]),
+    (["--chaos-gap", "3,1"], ["--chaos-gap '3,1'", "MIN,MAX"]),
+    (["--chaos-gap", "0,1"], ["--chaos-gap '0,1'", "MIN,MAX"]),
+    (["--chaos-gap", "nan,1"], ["--chaos-gap 'nan,1'", "MIN,MAX"]),
+    (["--chaos-kill-gap", "nan"], ["--chaos-kill-gap nan", "[0, inf)"]),
+    (["--chaos-hang-s", "0"], ["--chaos-hang-s 0", "> 0"]),
+])
+def test_bad_chaos_options_refused_before_anything_starts(extra: list[str], words: list[str]) -> None:
+    _refused(_homagg(*_CHAOS, *extra, timeout=120), *words)
+
+
+def test_a_hang_fails_the_soak_even_when_the_ranks_finish(tmp_path: Path) -> None:
+    """Ranks silent past a 0.5 s bound at startup: the watchdog kills those whose pid it knows by
+    then (a rank's first line gives it) and the run fails; a rank it could not kill may finish,
+    and then the recorded hang must fail the run all the same (before: it passed)."""
+    out = tmp_path / "chaos.json"
+    assert main(["bench", "faults", "--chaos", "--duration", "3", "--chaos-world", "2", "--chaos-width", "8",
+                 "--chaos-hang-s", "0.5", "--json", str(out)]) == 1
+    ch = json.loads(out.read_text())["chaos"]
+    assert ch["hang"] is not None and ch["hang"]["ranks"] and "hang" in ch["failures"] and ch["ok"] is False
+    assert all(w["phase"] in ("launch", "init") for w in ch["hang"]["where"].values())

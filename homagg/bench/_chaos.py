@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -45,11 +46,13 @@ from typing import Any
 
 import torch
 
+from .. import _options as opt
 from .._errors import ConfigError, HomAggError
+from ..wire import MAX_WORKERS
 from ._chaos_faults import KINDS, Chaos, schedule
 from ._ranks import launch_ranks, one_record_per_rank
 
-__all__ = ["configure_parser", "chaos"]
+__all__ = ["configure_parser", "check_chaos_args", "chaos"]
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -67,6 +70,29 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                         "fallback within a minute of a return doubles the probe interval, up to 30 s; 0: no spacing)")
     p.add_argument("--chaos-hang-s", type=float, default=None,
                    help="chaos: a rank without progress this long is hung (default max(60, 4 x --timeout))")
+
+
+def check_chaos_args(args: argparse.Namespace) -> None:
+    """:class:`~homagg.ConfigError` naming the first ``--chaos-*`` option out of range (checked
+    before any part starts, like the others: :mod:`._faults_checks`)."""
+    opt.count("--chaos-world", args.chaos_world, 1, MAX_WORKERS, why="homagg's worker bitmap")
+    opt.count("--chaos-width", args.chaos_width)
+    opt.within("--chaos-step-s", args.chaos_step_s, "[0, inf)")
+    opt.seconds("--chaos-probe", args.chaos_probe)
+    _gap(args.chaos_gap)
+    opt.within("--chaos-kill-gap", args.chaos_kill_gap, "[0, inf)")
+    if args.chaos_hang_s is not None:
+        opt.seconds("--chaos-hang-s", args.chaos_hang_s)
+
+
+def _gap(text: str) -> tuple[float, float]:
+    try:
+        low, high = (float(x) for x in text.split(","))
+    except ValueError:
+        low = high = math.nan
+    if not (0 < low <= high < math.inf):
+        raise ConfigError(f"--chaos-gap {text!r}: need MIN,MAX seconds with 0 < MIN <= MAX (finite)")
+    return low, high
 
 
 def _run(args: argparse.Namespace, out: Path, duration: float | None, steps: int | None,
@@ -144,10 +170,8 @@ def _max(xs: list[float]) -> float | None:
 
 
 def chaos(args: argparse.Namespace, duration: float) -> dict[str, Any]:
-    gap = tuple(float(x) for x in args.chaos_gap.split(","))
-    if len(gap) != 2 or not 0 < gap[0] <= gap[1]:
-        raise ConfigError(f"--chaos-gap: expected MIN,MAX seconds with 0 < MIN <= MAX, got {args.chaos_gap!r}")
-    plan = schedule(args.seed, duration, args.chaos_world, gap, args.chaos_kill_gap)  # type: ignore[arg-type]
+    check_chaos_args(args)
+    plan = schedule(args.seed, duration, args.chaos_world, _gap(args.chaos_gap), args.chaos_kill_gap)
     rec: dict[str, Any] = {
         "world": args.chaos_world, "width": args.chaos_width, "duration_s": duration, "seed": args.seed,
         "timeout_s": args.timeout, "probe_interval_s": args.chaos_probe, "kill_gap_s": args.chaos_kill_gap, "hang_bound_s": _hang_s(args),
@@ -168,15 +192,14 @@ def chaos(args: argparse.Namespace, duration: float) -> dict[str, Any]:
         rec.update(_faults_record(injector))
         errors += [f"injector: {e}" for e in injector.errors]
         if loud is None:
-            rec.update(errors=errors, ok=False, failures=["the disturbed run failed" + (
-                " (hung)" if injector.hang else "")])
+            rec.update(errors=errors, ok=False, failures=["disturbed_run"] + (["hang"] if injector.hang else []))
             return rec
         steps = len(loud[0]["step_s"])
         errors += [f"rank {r['rank']}: {e}" for r in loud for e in r["thread_errors"]]
         try:
             quiet = _run(args, quiet_dir, None, steps, None, "bench faults chaos (undisturbed)")
         except HomAggError as exc:
-            rec.update(errors=errors + [f"undisturbed run: {exc}"], ok=False, failures=["the undisturbed run failed"])
+            rec.update(errors=errors + [f"undisturbed run: {exc}"], ok=False, failures=["undisturbed_run"])
             return rec
         ploud, pquiet = _params(loud_dir, args.chaos_world), _params(quiet_dir, args.chaos_world)
     slowest = [max(col) for col in zip(*(r["step_s"] for r in loud))]
@@ -197,6 +220,7 @@ def chaos(args: argparse.Namespace, duration: float) -> dict[str, Any]:
     failures = [k for k in ("params_identical_across_ranks", "params_equal_undisturbed", "losses_equal_undisturbed",
                             "every_kind_injected") if not rec[k]]
     failures += ["errors"] if errors else []
+    failures += ["hang"] if rec["hang"] else []
     failures += ["gave_up_returning"] if rec["gave_up_returning"] else []
     failures += ["undisturbed_transitions"] if rec["undisturbed_transitions"] else []
     rec.update(ok=not failures, failures=failures)

@@ -177,7 +177,8 @@ class Chaos:
                 self.errors.append(f"{f.kind} at {self._now():.1f}s: {type(exc).__name__}: {exc}")
 
     def _now(self) -> float:
-        return time.monotonic() - self._t0
+        """Seconds since every rank was ready (before that: since the launch)."""
+        return time.monotonic() - (self._t0 if self._ready.is_set() else self._launched)
 
     def _record(self, f: Fault, **extra: Any) -> None:
         self.events.append({"at_s": round(self._now(), 2), **f.describe(), **extra})

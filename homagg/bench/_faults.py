@@ -44,7 +44,7 @@ import time
 from typing import Any
 
 from .._errors import ProtocolError
-from ._chaos import chaos, summary
+from ._chaos import chaos, check_chaos_args, summary
 from ._chaos import configure_parser as _chaos_parser
 from ._crash import configure_parser as _crash_parser
 from ._crash import crash
@@ -350,6 +350,7 @@ def loss(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     check_faults_args(args)
+    check_chaos_args(args)
     chaos_s = min(args.duration, 120.0) if args.quick else args.duration
     if args.quick:
         args.duration = min(args.duration, 8.0)

@@ -70,6 +70,8 @@ class RunningSwitch:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout)
+        if self.process is not None and self.process.poll() is not None and self.process.stdout is not None:
+            self.process.stdout.close()  # the ready line's pipe: no file left open per stopped child
 
     def __enter__(self) -> RunningSwitch:
         return self

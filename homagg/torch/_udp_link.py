@@ -72,7 +72,8 @@ def _acquire_emulator(host: str) -> Any:
     with _emulators_lock:
         entry = _emulators.get(host)
         if entry is not None and entry[0].process is not None and entry[0].process.poll() is not None:
-            entry = None  # crashed or killed: its users get errors; new groups get a new emulator
+            entry[0].stop()  # crashed or killed: reaped, its pipes closed; its users get errors
+            entry = None  # new groups get a new emulator
         if entry is None:
             try:
                 # its own process (own GIL), stopped with the last group; gone if this process dies

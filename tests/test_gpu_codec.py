@@ -15,7 +15,6 @@ on the CPU, the CUDA runtime's sync-debug warnings on a GPU) in a steady-state c
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -26,7 +25,7 @@ import homagg
 from homagg.bench._syncs import HostReads, cuda_syncs, device_paths
 from homagg.codec import _hostops, _native
 from homagg.codec._pipeline import HOST_SEGMENT
-from homagg.testing import check_within_bound, local_allreduce, run_local, sparse_tensors
+from homagg.testing import check_within_bound, local_allreduce, on_threads, run_local, sparse_tensors
 from homagg.transport import InProcessSwitch
 
 SCHEMES = homagg.SCHEMES
@@ -112,26 +111,18 @@ def steady_calls(calls: Sequence[Sequence[torch.Tensor]], scheme: str, **options
     first agrees exponents, the later ones guess from the previous call (steady state)."""
     world = len(calls[0])
     switch = InProcessSwitch(world, timeout=60)
-    out: list[list[Any]] = [[None] * world for _ in calls]
-    errors: list[BaseException] = []
 
-    def work(rank: int) -> None:
+    def work(rank: int) -> list[torch.Tensor]:
         try:
             history, port = homagg.History(), switch.port(rank)
-            for c, xs in enumerate(calls):
-                out[c][rank] = homagg.allreduce(xs[rank], port, scheme=scheme, history=history, key="grad", **options)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-            switch.fail(exc)
+            return [homagg.allreduce(xs[rank], port, scheme=scheme, history=history, key="grad", **options)
+                    for xs in calls]
+        except BaseException as exc:
+            switch.fail(exc)  # the other workers stop waiting for this one
+            raise
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if errors:
-        raise errors[0]
-    return out
+    per_rank = on_threads(work, world, timeout=120)
+    return [[per_rank[r][c] for r in range(world)] for c in range(len(calls))]
 
 
 def drifting_calls(dtype: torch.dtype, density: float) -> list[list[torch.Tensor]]:

@@ -14,11 +14,12 @@ what its comparisons admit), and neither is infinity where a finite number is ne
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Sequence
 
 from ._errors import ConfigError
 
-__all__ = ["count", "seconds", "positive", "within", "names", "shown"]
+__all__ = ["count", "seconds", "positive", "within", "names", "memory", "shown"]
 
 
 def shown(value: object) -> str:
@@ -69,3 +70,16 @@ def names(option: str, given: Sequence[str], known: Iterable[str], text: str | N
         return list(given)
     typed = ",".join(given) if text is None else text
     raise ConfigError(f"{option} {typed!r}: choose one or more of {', '.join(choices)}")
+
+
+def memory(option: str, value: int, need: int, who: str) -> int:
+    """``value`` if ``need`` bytes (what ``who`` holds at once for it) fit in this host's memory;
+    also when the memory is not known here."""
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return value
+    if need <= have:
+        return value
+    raise ConfigError(f"{option} {value}: {who} need {need / 2**30:,.1f} GiB, more than this host's "
+                      f"{have / 2**30:,.1f} GiB of memory")

@@ -156,22 +156,10 @@ def _sweep(args: argparse.Namespace) -> dict[str, Any]:
     opt.names("--schemes", sweep["schemes"], SCHEMES)
     opt.names("--baselines", sweep["baselines"], BASELINES)
     opt.seconds("--timeout", args.timeout)
-    _fits_in_memory(max(sweep["numel"]), max(sweep["world"]))
+    numel, world = max(sweep["numel"]), max(sweep["world"])  # fp32 inputs: the least the ranks hold at once
+    opt.memory("--numel", numel, 4 * numel * world, f"{world} rank(s) holding {numel:,} fp32 elements each")
     sweep["baselines"] = ["gloo"] + [b for b in sweep["baselines"] if b != "gloo"]
     return sweep
-
-
-def _fits_in_memory(numel: int, world: int) -> None:
-    """:class:`~homagg.ConfigError` unless ``world`` ranks' fp32 inputs of ``numel`` elements (the
-    least they hold at once) fit in this host's memory."""
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return  # not known here
-    need = 4 * numel * world
-    if need > memory:
-        raise ConfigError(f"--numel {numel}: {world} rank(s) holding {numel:,} fp32 elements each need "
-                          f"{need / 2**30:,.1f} GiB, more than this host's {memory / 2**30:,.1f} GiB of memory")
 
 
 def _merge(backend: str, scheme: str | None, world: int, lines: list[dict[str, Any]],

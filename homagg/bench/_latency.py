@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -39,6 +38,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .. import _options as opt
 from .._errors import ConfigError, HomAggError
 from ..codec._config import SCHEMES
 from ..wire import MAX_WORKERS
@@ -105,38 +105,21 @@ def check_options(args: argparse.Namespace) -> None:
         if not getattr(args, key):
             raise ConfigError(f"--{key}: need at least one value")
     for world in args.world:
-        if not 1 <= world <= MAX_WORKERS:
-            raise ConfigError(f"--world {world} outside 1..{MAX_WORKERS} (homagg's worker bitmap; "
-                              "one rank process each)")
+        opt.count("--world", world, 1, MAX_WORKERS, why="homagg's worker bitmap; one rank process each")
     for numel in args.numel:
-        if not 1 <= numel <= MAX_NUMEL:
-            raise ConfigError(f"--numel {numel} outside 1..{MAX_NUMEL} (bench allreduce takes larger tensors)")
-    _fits_in_memory(max(args.numel), max(args.world))
-    if args.calls < 1:
-        raise ConfigError(f"--calls {args.calls}: need at least 1")
-    if args.warmup < 0:
-        raise ConfigError(f"--warmup {args.warmup}: need at least 0")
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise ConfigError(f"--timeout {args.timeout:g}: need > 0 seconds (a finite number)")
+        opt.count("--numel", numel, 1, MAX_NUMEL, why="bench allreduce takes larger tensors")
+    numel, world = max(args.numel), max(args.world)
+    # each rank: its input, the restored copy and a call's tensor (12 B per element); rank 0 also
+    # the float64 sum and bound (16 more)
+    opt.memory("--numel", numel, 12 * numel * world + 16 * numel, f"{world} rank(s)")
+    opt.count("--calls", args.calls)
+    opt.count("--warmup", args.warmup, 0)
+    opt.seconds("--timeout", args.timeout)
     for name, value, allowed in (("--backends", args.backends, BACKENDS), ("--scheme", [args.scheme], SCHEMES),
                                  ("--input", [args.input], INPUTS), ("--pace", [args.pace], PACES)):
         bad = [v for v in value if v not in allowed]
         if bad:
             raise ConfigError(f"{name} {','.join(bad)}: choose from {', '.join(allowed)}")
-
-
-def _fits_in_memory(numel: int, world: int) -> None:
-    """:class:`~homagg.ConfigError` unless ``world`` ranks' fp32 tensors of ``numel`` elements fit in
-    this host's memory: each rank holds its input, the restored copy and a call's tensor (12 bytes
-    per element), rank 0 also the float64 sum and bound (16 more)."""
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return  # not known here
-    need = 12 * numel * world + 16 * numel
-    if need > memory:
-        raise ConfigError(f"--numel {numel}: {world} rank(s) need {need / 2**30:,.1f} GiB for its tensors, "
-                          f"more than this host's {memory / 2**30:,.1f} GiB of memory")
 
 
 def _merge(backend: str, scheme: str | None, world: int, lines: Sequence[dict[str, Any]],

@@ -83,6 +83,19 @@ def test_bench_compress(extra: list[str], words: list[str], tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("extra,words", [
+    # before: one message for four options ("need --numel, --workers, --repeats >= 1 and densities in (0, 1]")
+    (["--workers", "0"], ["--workers 0", f"1..{MAX_WORKERS}"]),
+    (["--workers", "1000"], ["--workers 1000", f"1..{MAX_WORKERS}"]),
+    (["--densities", "2"], ["--densities 2", "(0, 1]"]),
+    (["--repeats", "0"], ["--repeats 0", "at least 1"]),
+    (["--schemes", "zip"], ["--schemes 'zip'", "choose one or more of"]),  # before: KeyError traceback
+])
+def test_bench_gpu(extra: list[str], words: list[str]) -> None:
+    _refused(_homagg("bench", "gpu", "--numel", "1000", "--densities", "0.5", "--schemes", "dense", "--workers", "2",
+                     "--repeats", "1", "--device", "cpu", *extra), *words)
+
+
+@pytest.mark.parametrize("extra,words", [
     (["--repeats", "0"], ["--repeats 0", "at least 1"]),  # StatisticsError after starting BMv2
     (["--rounds", "0"], ["--rounds 0", "at least 1"]),
     (["--rates", "fast"], ["--rates 'fast'", "ascending"]),  # ValueError traceback

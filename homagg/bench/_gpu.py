@@ -30,12 +30,14 @@ from typing import Any
 
 import torch
 
+from .. import _options as opt
 from .._errors import ConfigError
 from ..testing import ResultMismatchError
 from ..codec._config import SCHEMES
 from ..codec._history import History
 from ._gpu_replay import ReplayPort, record, replay_call, timed_call
 from ._syncs import HostReads, cuda_syncs, device_paths
+from ..wire import MAX_WORKERS
 
 __all__ = ["configure_parser", "run", "measure"]
 
@@ -223,8 +225,12 @@ def run(args: argparse.Namespace) -> int:
 
     densities = [float(d) for d in args.densities.split(",") if d.strip()]
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
-    if args.numel < 1 or args.workers < 1 or args.repeats < 1 or not all(0 < d <= 1 for d in densities):
-        raise ConfigError("need --numel, --workers, --repeats >= 1 and densities in (0, 1]")
+    opt.count("--numel", args.numel)
+    opt.count("--workers", args.workers, 1, MAX_WORKERS, why="homagg's worker bitmap")
+    opt.count("--repeats", args.repeats)
+    for density in densities or [float("nan")]:
+        opt.within("--densities", density, "(0, 1]")
+    opt.names("--schemes", schemes, SCHEMES, args.schemes)
     options = _options(args.option)
     tables: list[str] = []
     records = [r for d in densities for r in measure(args.numel, d, schemes, args.workers, args.repeats,

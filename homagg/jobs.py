@@ -9,7 +9,13 @@ worker then *registers* its address before it sends (:meth:`homagg.transport.Con
 
 Invariants checked by :meth:`JobSpec.validate`: ``1 <= world_size <= MAX_WORKERS``; every worker id
 ``< world_size`` appears at most once; ``0 <= slot_base`` and ``slot_base + n_slots <= MAX_SLOTS``;
-``1 <= words_per_packet <= MAX_WORDS_JUMBO``; ``0 <= job_id < 2**16``; ``0 <= token < 2**32``.
+``1 <= words_per_packet <= MAX_WORDS_JUMBO``; ``0 <= job_id < 2**16``; ``0 <= token < 2**32``;
+``child_id == 0`` without a ``parent``, else ``0 <= child_id < MAX_WORKERS``.
+
+Trees (docs/trees.md): a switch whose job has a ``parent`` (its data address) is a *child* for
+the job: it sends each completed use up to the parent as worker ``child_id`` of the parent's job
+(same ``job_id``, ``token``, slots and words per packet at every switch of the tree) and passes
+the result that comes down to its own workers.  :mod:`homagg.tree` plans trees of up to 1024 ranks.
 
 ``token`` is the job's admission token (wire v2): every data packet of the job carries it and the
 switch drops packets of an admitted source whose token differs (``drop_token``).  The emulator's
@@ -178,6 +184,11 @@ class JobSpec:
     idle_timeout_s: float | None = None
     #: the admission token every data packet of the job carries (wire v2; 0: unprotected)
     token: int = field(default=0, repr=False)
+    #: aggregation trees (docs/trees.md): the data address of this switch's parent for the job, or
+    #: None at the root (one-switch jobs are roots); a child sends each completed use up to it
+    parent: tuple[str, int] | None = None
+    #: the worker id this switch has at its parent (0 at a root)
+    child_id: int = 0
 
     def validate(self) -> JobSpec:
         """Return ``self`` if consistent, else raise :class:`~homagg.ConfigError`."""
@@ -196,7 +207,21 @@ class JobSpec:
             raise ConfigError(f"job {self.job_id}: idle_timeout_s must be > 0")
         if not 0 <= self.token <= 0xFFFFFFFF:
             raise ConfigError(f"job {self.job_id}: token outside [0, 2**32)")
+        if self.parent is None:
+            if self.child_id != 0:
+                raise ConfigError(f"job {self.job_id}: child_id {self.child_id} without a parent (a root has 0)")
+        else:
+            if not 0 <= self.child_id < MAX_WORKERS:
+                raise ConfigError(f"job {self.job_id}: child_id {self.child_id} outside [0, {MAX_WORKERS}) (the "
+                                  "parent's worker bitmap)")
+            if self.parent in {w.addr for w in self.workers}:
+                raise ConfigError(f"job {self.job_id}: parent {format_addr(self.parent)} is also one of its workers")
         return self
+
+    @property
+    def is_child(self) -> bool:
+        """True when this switch sends the job's completed uses up to a parent (docs/trees.md)."""
+        return self.parent is not None
 
     @property
     def slots(self) -> range:
@@ -210,6 +235,7 @@ class JobSpec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["workers"] = [asdict(w) for w in self.workers]
+        d["parent"] = None if self.parent is None else format_addr(self.parent)
         return d
 
     def to_json(self) -> str:
@@ -218,7 +244,7 @@ class JobSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> JobSpec:
         known = {"job_id", "world_size", "slot_base", "n_slots", "words_per_packet", "workers", "idle_timeout_s",
-                 "token"}
+                 "token", "parent", "child_id"}
         unknown = set(d) - known
         if unknown:
             raise ConfigError(f"unknown job fields {sorted(unknown)}")
@@ -235,6 +261,8 @@ class JobSpec:
                 workers=workers,
                 idle_timeout_s=None if d.get("idle_timeout_s") is None else float(d["idle_timeout_s"]),
                 token=_int(d.get("token") or 0),
+                parent=None if d.get("parent") is None else parse_addr(d["parent"], source="parent", zero_port=False),
+                child_id=int(d.get("child_id") or 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"bad job description {d!r}: {exc}") from exc

@@ -43,6 +43,8 @@ class AdmissionTable:
         self.pool_slots = check_pool_slots(pool_slots)
         self.jobs: dict[int, JobState] = {}
         self.by_src: dict[Addr, tuple[JobState, int]] = {}
+        #: trees: (parent address, job id) -> the child job whose results come down from there
+        self.by_parent: dict[tuple[Addr, int], JobState] = {}
         self._lock = threading.Lock()
 
     def lookup(self, src: Addr) -> tuple[JobState, int] | None:
@@ -62,10 +64,14 @@ class AdmissionTable:
                     raise ConfigError(f"job {spec.job_id}: slots {spec.slots} overlap job {o.job_id}'s {o.slots}")
             for w in spec.workers:
                 self._check_free(w.addr, spec.job_id, w.worker_id)
+            if spec.parent is not None and spec.parent in self.by_src:
+                raise ConfigError(f"job {spec.job_id}: parent {spec.parent} is admitted as a worker here")
             job = JobState(spec)
             self.jobs[spec.job_id] = job
             for w in spec.workers:
                 self.by_src[w.addr] = (job, w.worker_id)
+            if spec.parent is not None:
+                self.by_parent[(spec.parent, spec.job_id)] = job
             return job
 
     def register(self, job_id: int, worker_id: int, addr: Addr) -> JobState:
@@ -96,6 +102,8 @@ class AdmissionTable:
             for a in job.addrs:
                 if a is not None and self.by_src.get(a, (None,))[0] is job:
                     del self.by_src[a]
+            if job.spec.parent is not None:
+                self.by_parent.pop((job.spec.parent, job_id), None)
             return True
 
     def free_range(self, n_slots: int) -> int:

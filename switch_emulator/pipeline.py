@@ -1,6 +1,12 @@
 """The switch pipeline: parse -> admission -> slot/bank -> worker bitmap -> combine -> completion
 -> replication, one call per datagram, in the order of the P4 control blocks.
 
+Trees (docs/trees.md, the state table): at a switch whose job has a parent (a *child*), a use that
+completes goes up to the parent (:meth:`Replicator.up`) instead of to the workers; a result from
+the parent (``FLAG_RESULT``, from the job's ``parent`` address) for the complete use still waiting
+is written into the cell (``down``) and sent to the workers; a worker's retransmission for a
+complete use is answered from the cell once the result is down, else re-sent up, flagged.
+
 :class:`Pipeline` is I/O-free: a backend calls :meth:`Pipeline.process` with the datagram bytes
 and its source address and gives it a ``send`` function.  It never raises on bad input; every
 datagram it does not accept is counted under ``drop_<reason>`` (see :mod:`.counters`).
@@ -46,7 +52,7 @@ class Pipeline:
             c.drop("length")
             return
         if flags & FLAG_RESULT:
-            c.drop("result_flag")
+            self._result_down(buf, src, job_id, wc, bank, slot, (tag, offset, op, wc), token)
             return
         # admission
         entry = self.admission.by_src.get(src)
@@ -76,8 +82,12 @@ class Pipeline:
         bitmap.update(job, i, worker_id, key)
         if verdict > bitmap.ADD:
             if verdict == bitmap.ANSWER:
-                c["retransmit_answered"] += 1
-                self.replicator.unicast(job, i, worker_id)
+                if job.spec.parent is not None and not job.down[i]:
+                    c["retransmit_up"] += 1  # the result has not come down: ask the parent again
+                    self.replicator.up(job, i, retransmit=True)
+                else:
+                    c["retransmit_answered"] += 1
+                    self.replicator.unicast(job, i, worker_id)
                 c["tx"] += 1
             elif verdict == bitmap.DUPLICATE:
                 c.drop("duplicate")
@@ -88,12 +98,48 @@ class Pipeline:
             return
         first = verdict == bitmap.FIRST
         c["accepted"] += 1
+        if first:
+            job.down[i] = 0
         # combine
         combine(job.regs[i, :wc], payload_view(buf, wc), op, first)
         # completion + replication
         if completion.complete(job, i):
             job.completed += 1
             c["completed"] += 1
+            if job.spec.parent is not None:
+                c["up"] += 1
+                self.replicator.up(job, i, retransmit=False)
+                c["tx"] += 1
+                return
             before = self.replicator.sent
             self.replicator.multicast(job, i)
             c["tx"] += self.replicator.sent - before
+
+    def _result_down(self, buf: bytes | bytearray | memoryview, src: tuple[str, int], job_id: int, wc: int,
+                     bank: int, slot: int, key: tuple[int, int, int, int], token: int) -> None:
+        """A result from the job's parent: the tree's result of a use this child sent up."""
+        c = self.counters
+        job = self.admission.by_parent.get((src, job_id))
+        if job is None:
+            c.drop("result_flag")
+            return
+        if token != job.spec.token:
+            c.drop("token")
+            return
+        if wc > job.spec.words_per_packet:
+            c.drop("word_count")
+            return
+        i = slots.select(job, slot, bank)
+        if i < 0:
+            c.drop("slot_range")
+            return
+        if job.key[i] != key or not completion.complete(job, i) or job.down[i]:
+            c.drop("stale_result")  # another use, one still in progress here, or a second copy
+            return
+        job.last_seen = time.monotonic()
+        job.down[i] = 1
+        job.regs[i, :wc] = payload_view(buf, wc)
+        c["result_down"] += 1
+        before = self.replicator.sent
+        self.replicator.multicast(job, i)
+        c["tx"] += self.replicator.sent - before

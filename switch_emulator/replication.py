@@ -6,13 +6,24 @@ group for the workers subscribed to it (the network replicates; such copies carr
 retransmission from a worker already counted in a completed bank is answered to that worker alone
 by unicast from the stored registers (the shadow copy).  Results carry ``FLAG_RESULT``, the
 echoed slot, bank, tag and offset, and the job's token.
+
+Trees: a child sends a completed use to its parent (:meth:`Replicator.up`) as a contribution of
+worker ``child_id``: the cell's words, no ``FLAG_RESULT``, ``FLAG_RETRANSMIT`` when it re-sends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from homagg.wire import FLAG_RESULT, MAX_WORDS_JUMBO, datagram_len, pack_header_into, payload_view, set_worker_id
+from homagg.wire import (
+    FLAG_RESULT,
+    FLAG_RETRANSMIT,
+    MAX_WORDS_JUMBO,
+    datagram_len,
+    pack_header_into,
+    payload_view,
+    set_worker_id,
+)
 
 from .state import JobState
 
@@ -52,6 +63,18 @@ class Replicator:
             if addr is None or sub >> wid & 1:
                 continue
             self._out(dgram, wid, addr)
+
+    def up(self, job: JobState, i: int, retransmit: bool) -> None:
+        """Send the cell's combined words to the job's parent as worker ``child_id``'s contribution."""
+        tag, offset, op, wc = job.key[i]  # type: ignore[misc]
+        slot = job.spec.slot_base + (i >> 1)
+        pack_header_into(self._buf, op, FLAG_RETRANSMIT if retransmit else 0, job.job_id, job.spec.child_id, wc,
+                         i & 1, slot, tag, offset, job.spec.token)
+        self._words[:wc] = job.regs[i, :wc]
+        if self.egress_drop is not None and self.egress_drop(-1):
+            return  # counted by the fault injector (drop_injected_egress); never a muted worker
+        self.send(self._mv[: datagram_len(wc)], job.spec.parent)  # type: ignore[arg-type]
+        self.sent += 1
 
     def unicast(self, job: JobState, i: int, worker_id: int) -> None:
         addr = job.addrs[worker_id]

@@ -6,7 +6,10 @@ Index ``i = 2 * (slot - slot_base) + bank`` addresses one (slot, bank) pair.  Fo
 * ``bitmap[i]``    workers marked in the current use of this bank (bit ``worker_id``),
 * ``count[i]``     workers marked, ``0`` (never used) .. ``world_size`` (done),
 * ``key[i]``       ``(tag, offset, op, word_count)`` of the current use (None before the first;
-  offset :data:`switch_emulator.bitmap.POISON` once poisoned, see :mod:`switch_emulator.bitmap`).
+  offset :data:`switch_emulator.bitmap.POISON` once poisoned, see :mod:`switch_emulator.bitmap`),
+* ``down[i]``      trees, at a child only: 1 once the parent's result of the current use came
+  down (``regs[i]`` then hold the whole tree's result, no longer this switch's partial one);
+  0 from the use's first contribution on.  At a root a complete use *is* its result.
 
 Result multicast (UDP backend on loopback): ``group`` is the job's IP multicast group (None until
 a worker asks for it), ``subscribed`` the bitmap of workers that joined it; those receive each
@@ -36,6 +39,7 @@ class JobState:
     bitmap: list[int] = field(init=False)
     count: list[int] = field(init=False)
     key: list[tuple[int, int, int, int] | None] = field(init=False)
+    down: list[int] = field(init=False)
     #: worker_id -> (ip, port) of admitted workers (None until registered)
     addrs: list[tuple[str, int] | None] = field(init=False)
     group: tuple[str, int] | None = None
@@ -50,6 +54,7 @@ class JobState:
         self.bitmap = [0] * (2 * s.n_slots)
         self.count = [0] * (2 * s.n_slots)
         self.key = [None] * (2 * s.n_slots)
+        self.down = [0] * (2 * s.n_slots)
         self.addrs = [None] * s.world_size
         for w in s.workers:
             self.addrs[w.worker_id] = w.addr
@@ -73,6 +78,7 @@ class JobState:
             bm, cnt, key = self.bitmap[i], self.count[i], self.key[i]
             banks.append({
                 "bank": b, "bitmap": int(bm), "count": int(cnt), "complete": bool(cnt == self.world_size),
+                "down": bool(self.down[i]) if self.spec.is_child else bool(cnt == self.world_size),
                 "missing": [w for w in range(self.world_size) if not bm >> w & 1],
                 "tag": None if key is None else key[0], "offset": None if key is None else key[1],
             })

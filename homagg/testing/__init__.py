@@ -38,6 +38,7 @@ from ._oracle import (
     within_bound,
 )
 from ._tensors import gradients, sparse_tensor, sparse_tensors
+from ._tree import HOPS, HopFaults, TreeNetwork, local_tree_allreduce, run_tree_local
 from ._udp import (
     SchemeVerdict,
     SwitchAddresses,
@@ -62,6 +63,12 @@ __all__ = [
     "UdpJobConfig",
     "SchemeVerdict",
     "SwitchAddresses",
+    # trees of switches in-process (docs/trees.md)
+    "local_tree_allreduce",
+    "run_tree_local",
+    "TreeNetwork",
+    "HopFaults",
+    "HOPS",
     # inputs
     "sparse_tensor",
     "sparse_tensors",

@@ -33,8 +33,10 @@ class LocalRun:
     stats: list[WorkerStats]
 
 
-def run_local(tensors: Sequence[torch.Tensor], scheme: str = "auto", timeout: float = 120.0, **options: Any) -> LocalRun:
-    """Like :func:`local_allreduce`, also returning each worker's :class:`WorkerStats`."""
+def run_local(tensors: Sequence[torch.Tensor], scheme: str = "auto", timeout: float = 120.0, *,
+              switch: InProcessSwitch | None = None, **options: Any) -> LocalRun:
+    """Like :func:`local_allreduce`, also returning each worker's :class:`WorkerStats`; ``switch``
+    (default: a fresh :class:`~homagg.transport.InProcessSwitch`) combines the rounds."""
     world = len(tensors)
     if world == 0:
         raise InputError("need at least one tensor (one per worker)")
@@ -42,7 +44,10 @@ def run_local(tensors: Sequence[torch.Tensor], scheme: str = "auto", timeout: fl
     dtypes = {t.dtype for t in tensors}
     if len(shapes) != 1 or len(dtypes) != 1:
         raise InputError(f"all workers need equal shape and dtype, got shapes {shapes} and dtypes {dtypes}")
-    switch = InProcessSwitch(world, timeout=timeout)
+    if switch is None:
+        switch = InProcessSwitch(world, timeout=timeout)
+    elif switch.world_size != world:
+        raise InputError(f"switch for {switch.world_size} workers, {world} tensors given")
     results: list[torch.Tensor | None] = [None] * world
     stats = [WorkerStats() for _ in range(world)]
     errors: list[BaseException] = []

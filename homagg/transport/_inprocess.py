@@ -9,7 +9,7 @@ seconds and name the missing ranks.  Used by :func:`homagg.testing.local_allredu
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -26,11 +26,15 @@ class InProcessSwitch:
     has called ``combine``.  Waits are bounded by ``timeout`` seconds and name the missing ranks.
     """
 
-    def __init__(self, world_size: int, timeout: float = 60.0) -> None:
+    def __init__(self, world_size: int, timeout: float = 60.0,
+                 combiner: Callable[[list[Sequence[Stream]]], list[torch.Tensor]] | None = None) -> None:
         if world_size < 1:
             raise ConfigError(f"world_size must be >= 1, got {world_size}")
         self.world_size = world_size
         self.timeout = timeout
+        #: combines a complete round (every rank's streams, checked alike): the reference
+        #: ``combine_words`` by default; :class:`homagg.testing.TreeNetwork` passes real switch pipelines
+        self._combiner = combiner
         self._cond = threading.Condition()
         self._pending: dict[int, Sequence[Stream]] = {}
         self._generation = 0
@@ -59,7 +63,7 @@ class InProcessSwitch:
             if len(self._pending) == self.world_size:
                 rounds = [self._pending[r] for r in range(self.world_size)]
                 try:
-                    self._results = _combine_rounds(rounds)
+                    self._results = _combine_rounds(rounds, self._combiner)
                 except BaseException as exc:  # noqa: BLE001 - handed to every worker
                     self._results = exc
                 self._pending = {}
@@ -81,7 +85,8 @@ class InProcessSwitch:
         return [t.clone() for t in result]  # each worker owns its copy, as over a network
 
 
-def _combine_rounds(rounds: list[Sequence[Stream]]) -> list[torch.Tensor]:
+def _combine_rounds(rounds: list[Sequence[Stream]],
+                    combiner: Callable[[list[Sequence[Stream]]], list[torch.Tensor]] | None = None) -> list[torch.Tensor]:
     first = rounds[0]
     for r, streams in enumerate(rounds):
         sig = [(s.name, s.op, s.length) for s in streams]
@@ -92,6 +97,8 @@ def _combine_rounds(rounds: list[Sequence[Stream]]) -> list[torch.Tensor]:
                                                                                   for h in heads}) == 1:
                 first[0].verify(combine_words(first[0].op, [h.materialize() for h in heads]))  # raises the typed error
             raise ProtocolError(f"rank {r} sent streams {sig}, rank 0 sent {ref}")
+    if combiner is not None:
+        return combiner(rounds)
     return [combine_words(s.op, [rd[i].materialize() for rd in rounds]) for i, s in enumerate(first)]
 
 

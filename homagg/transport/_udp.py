@@ -108,6 +108,9 @@ class UdpSwitchPort(SwitchPort):
     ``native``: build, send, receive and match datagrams in C with batched syscalls
     (:mod:`._fastpath`; default: where it was built) or in Python (:mod:`._datapath`, the reference).
     ``gso``: native sends as UDP GSO messages (default :func:`._fastpath.gso_default`: loopback and physical NICs).
+    ``total_world_size``: the ranks of the whole job when ``switch`` is a leaf of a tree (docs/trees.md;
+    ``rank`` is then this worker's id at the leaf): :attr:`world_size`, which sets the codec's
+    headroom, is the whole job's (default: the job's ``world_size`` at this switch).
     """
 
     def __init__(
@@ -133,6 +136,7 @@ class UdpSwitchPort(SwitchPort):
         window: int = INITIAL_WINDOW,
         native: bool | None = None,
         gso: bool | None = None,
+        total_world_size: int | None = None,
     ) -> None:
         if job is None:
             if job_id is None or world_size is None:
@@ -143,8 +147,10 @@ class UdpSwitchPort(SwitchPort):
             raise ConfigError(f"rank {rank} outside [0, {job.world_size}) of job {job.job_id}")
         if timeout <= 0 or not 0 < min_rto <= max_rto:
             raise ConfigError("timeouts must be positive and min_rto <= max_rto")
+        if total_world_size is not None and total_world_size < job.world_size:
+            raise ConfigError(f"total_world_size {total_world_size} < the leaf's {job.world_size} workers")
         self.rank = rank
-        self.world_size = job.world_size
+        self.world_size = job.world_size if total_world_size is None else total_world_size
         self.switch_addr = parse_addr(switch)
         self.timeout, self.max_rto = timeout, max_rto
         self.rtt = RtoEstimator(rto, min_rto, max_rto)

@@ -58,7 +58,14 @@ const bit<32> DROP_CONFLICT           = 11;
 const bit<32> DROP_CONSUMED           = 12;  /* not an error: absorbed, use not complete yet */
 const bit<32> DROP_SHORT              = 13;  /* UDP payload shorter than the homagg header */
 const bit<32> DROP_TOKEN              = 14;  /* admitted source, but not the job's admission token */
+const bit<32> DROP_STALE_RESULT       = 15;  /* trees: a result from the parent for a use not waiting for it */
 const bit<32> DROP_REASONS            = 16;  /* size of the drop_reasons counter */
+
+/* ---- trees (docs/trees.md): index of the tree_events counter; names as the emulator's counters ---- */
+const bit<32> TREE_UP                 = 0;   /* a completed use sent up to the parent (child) */
+const bit<32> TREE_RETRANSMIT_UP      = 1;   /* a retransmission answered by sending the use up again, flagged */
+const bit<32> TREE_RESULT_DOWN        = 2;   /* a result from the parent written and sent to the members */
+const bit<32> TREE_EVENTS             = 3;   /* size of the tree_events counter */
 
 /* Multicast groups: the job's result group is chosen by the controller (one per job);
  * FLOOD_GROUP replicates broadcast frames (ARP) to every port.  PI (the P4Runtime server) accepts
@@ -71,5 +78,8 @@ const bool CHECK_POOL_CELLS = static_assert(POOL_CELLS == 2 * SLOT_POOL_SIZE, "P
 const bool CHECK_POOL_SLOTS = static_assert(SLOT_POOL_SIZE <= MAX_SLOTS, "the pool fits the 15-bit slot field");
 const bool CHECK_WORKERS    = static_assert(MAX_WORKERS == 32, "worker bitmaps are bit<32>");
 const bool CHECK_FLAGS      = static_assert((FLAG_RESULT & FLAG_RETRANSMIT) == 0, "flags are distinct bits");
+const bool CHECK_DROPS      = static_assert(DROP_STALE_RESULT < DROP_REASONS, "drop reasons fit the counter");
+const bool CHECK_TREE       = static_assert(TREE_UP < TREE_EVENTS && TREE_RETRANSMIT_UP < TREE_EVENTS
+                                            && TREE_RESULT_DOWN < TREE_EVENTS, "tree events fit the counter");
 
 #endif

@@ -146,3 +146,15 @@ def test_drop_reason_names_are_the_emulator_counters() -> None:
     drops = {n for n in names.values() if n.startswith("drop_")}
     assert drops == {f"drop_{r}" for r in DROP_REASONS if r != "injected"}  # injection: emulator only
     assert len(names) == len(drops) + 1
+
+
+def test_tree_event_names_are_the_emulator_counters() -> None:
+    """Trees (docs/trees.md): BMv2's tree_events counter is named from configuration.p4's TREE_*
+    constants; oracle: the emulator's tree counters (``up``, ``retransmit_up``, ``result_down``)."""
+    from homagg.p4 import tree_event_names
+    from switch_emulator.counters import Counters
+
+    names = tree_event_names()
+    assert set(names.values()) == {"up", "retransmit_up", "result_down"}
+    assert set(names.values()) <= set(Counters().snapshot())
+    assert sorted(names) == list(range(p4_constants()["TREE_EVENTS"].value))

@@ -22,7 +22,7 @@ from __future__ import annotations
 from ._controller import Controller
 from ._session import PipelineMismatchError, SwitchUnreachableError
 from ._switches import HostPort, SwitchConfig, load_switches
-from .source import P4_DIR, drop_reason_names, header_fields, p4_constants
+from .source import P4_DIR, drop_reason_names, header_fields, p4_constants, tree_event_names
 
 __all__ = [
     "Controller",
@@ -35,4 +35,5 @@ __all__ = [
     "p4_constants",
     "header_fields",
     "drop_reason_names",
+    "tree_event_names",
 ]

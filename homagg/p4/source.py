@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .._errors import ConfigError
 
-__all__ = ["P4_DIR", "P4Const", "p4_constants", "header_fields", "drop_reason_names", "strip_comments"]
+__all__ = ["P4_DIR", "P4Const", "p4_constants", "header_fields", "drop_reason_names", "tree_event_names", "strip_comments"]
 
 #: the repository's ``p4/`` folder (the source tree; an installed wheel does not ship it)
 P4_DIR = Path(__file__).resolve().parents[2] / "p4"
@@ -111,4 +111,21 @@ def drop_reason_names(p4_dir: Path | None = None) -> dict[int, str]:
         if not 0 < const.value < size or const.value in out:
             raise ConfigError(f"configuration.p4: {name} = {const.value} is not a free index below DROP_REASONS")
         out[const.value] = reason.lower() if reason in NOT_DROPS else "drop_" + reason.lower()
+    return out
+
+
+@lru_cache(maxsize=None)
+def tree_event_names(p4_dir: Path | None = None) -> dict[int, str]:
+    """``tree_events`` counter index -> counter name, from ``configuration.p4``'s ``TREE_*`` constants
+    (``TREE_<X>`` is the emulator's counter ``<x>``: ``up``, ``retransmit_up``, ``result_down``).
+    Invariants checked here: indices are distinct and below ``TREE_EVENTS`` (the counter size)."""
+    consts = p4_constants(p4_dir)
+    size = consts["TREE_EVENTS"].value if "TREE_EVENTS" in consts else 0
+    out: dict[int, str] = {}
+    for name, const in consts.items():
+        if not name.startswith("TREE_") or name == "TREE_EVENTS":
+            continue
+        if not 0 <= const.value < size or const.value in out:
+            raise ConfigError(f"configuration.p4: {name} = {const.value} is not a free index below TREE_EVENTS")
+        out[const.value] = name[5:].lower()
     return out

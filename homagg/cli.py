@@ -24,6 +24,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("switch",), "switch_emulator._cli", "run the Python switch emulator"),
     (("bench", "codec"), "homagg.bench._codec", "encode/decode throughput of every scheme"),
     (("bench", "gpu"), "homagg.bench._gpu", "the codec on device tensors: encode/decode, syncs, host<->device bytes vs torch.add"),
+    (("bench", "precision"), "homagg.bench._precision", "error on real gradients at W = 64..1024 vs float64, beside an fp32 ring sum"),
     (("bench", "switch"), "homagg.bench._switch", "emulator goodput vs gloo allreduce"),
     (("bench", "ddp"), "homagg.bench._ddp", "DDP step time, homagg vs gloo"),
     (("bench", "allreduce"), "homagg.bench._allreduce", "dist.all_reduce, homagg vs gloo: density x size x world x scheme"),

@@ -8,6 +8,9 @@
  *                  source's (else drop_admission_mismatch); gives others, the job's workers but
  *                  this one (worker_bitmap.p4 marks with it)
  *   admitted_token (src ip, src port, job_id, worker_id, token) hit: and so is the token (else drop_token)
+ *   from_parent    trees: (src ip, src port, job_id) hit: the source is the job's parent, whose
+ *                  results (FLAG_RESULT) come down here (else drop_result_flag); gives the job's group
+ *   parent_token   trees: (src ip, src port, job_id, token) hit: and the token is the job's (else drop_token)
  *   word_limit     (job_id, word_count range 1 .. words_per_packet) hit (else drop_word_count)
  *   slot_range     (job_id, slot range slot_base .. slot_base + n_slots - 1) hit (else drop_slot_range)
  *   lengths        const: (word_count, udp length, ipv4 total length) consistent (else drop_length)
@@ -41,12 +44,16 @@ control Admission(inout tofino_headers_t hdr, inout ig_meta_t meta) {
         size = 16;
     }
 
-    action admit(bit<8> world_size, bit<16> mcast_grp, PortId_t worker_port) {
+    /* child = 1 when the job has a parent here (trees: complete uses go up through parent_port) */
+    action admit(bit<8> world_size, bit<16> mcast_grp, PortId_t worker_port, bit<1> child,
+                 PortId_t parent_port) {
         source_packets.count();
         meta.source_known = 1;
         meta.world_size = world_size;
         meta.mcast_grp = mcast_grp;
         meta.worker_port = worker_port;
+        meta.child = child;
+        meta.parent_port = parent_port;
     }
 
     action unknown_source() {
@@ -94,6 +101,38 @@ control Admission(inout tofino_headers_t hdr, inout ig_meta_t meta) {
         actions = { token_consistent; @defaultonly NoAction; }
         const default_action = NoAction();
         size = ADMISSION_ENTRIES;
+    }
+
+    /* trees (docs/trees.md): a result from the job's parent; down_grp = the job's group (the
+     * members of this switch), to which a result taken here is multicast */
+    action parent_result(bit<16> down_grp) {
+        meta.parent_known = 1;
+        meta.down_grp = down_grp;
+    }
+
+    table from_parent {
+        key = {
+            hdr.ipv4.src_addr : exact;
+            hdr.udp.src_port  : exact;
+            hdr.homagg.job_id : exact;
+        }
+        actions = { parent_result; @defaultonly NoAction; }
+        const default_action = NoAction();
+        size = JOB_ENTRIES;
+    }
+
+    action parent_token_consistent() { meta.parent_token_ok = 1; }
+
+    table parent_token {
+        key = {
+            hdr.ipv4.src_addr : exact;
+            hdr.udp.src_port  : exact;
+            hdr.homagg.job_id : exact;
+            hdr.homagg.token  : exact;
+        }
+        actions = { parent_token_consistent; @defaultonly NoAction; }
+        const default_action = NoAction();
+        size = JOB_ENTRIES;
     }
 
     action words_allowed() { meta.words_ok = 1; }
@@ -167,6 +206,8 @@ control Admission(inout tofino_headers_t hdr, inout ig_meta_t meta) {
         admission.apply();
         admitted_job.apply();
         admitted_token.apply();
+        from_parent.apply();
+        parent_token.apply();
         word_limit.apply();
         slot_range.apply();
         lengths.apply();

@@ -7,6 +7,8 @@
  *   first_or_or  : cell := first ? payload : cell | payload
  *   first_or_max : cell := first ? payload : signed max(cell, payload)
  *   read         : payload := cell                              (ANSWER)
+ * A result from the parent (trees, taken: down was 0) is written with first = 1 by the op's
+ * action: cell := payload, returned unchanged into the packet that goes to the members.
  * and each returns the new cell value into the payload word, so the packet that completes a cell
  * carries the result.  The action is chosen by a const table on the counter's access and the op
  * (see the table).
@@ -62,25 +64,31 @@ control Word(inout bit<32> word, in bit<4> op, in bit<3> path, in bit<1> first, 
     action do_read() { word = read.execute(cell); }
 
     /* keyed on the verdict's path (counter.p4): PATH_FIRST combines with first = 1 (a write),
-     * PATH_ADD combines, PATH_READ reads (ANSWER), PATH_NONE leaves the cell alone */
+     * PATH_ADD combines, PATH_READ reads (ANSWER), PATH_DOWN (trees: a result from the parent)
+     * writes the payload with first = 1 (down was 0: taken) and leaves the cell alone with
+     * first = 0, PATH_NONE leaves the cell alone */
     table combine {
         key = {
             path  : exact;
+            first : exact;
             op    : exact;
         }
         actions = { do_add; do_or; do_max; do_read; NoAction; }
         const default_action = NoAction();
         size = 16;
         const entries = {
-            (PATH_FIRST, OP_ADD) : do_add();
-            (PATH_FIRST, OP_OR)  : do_or();
-            (PATH_FIRST, OP_MAX) : do_max();
-            (PATH_ADD, OP_ADD)   : do_add();
-            (PATH_ADD, OP_OR)    : do_or();
-            (PATH_ADD, OP_MAX)   : do_max();
-            (PATH_READ, OP_ADD)  : do_read();
-            (PATH_READ, OP_OR)   : do_read();
-            (PATH_READ, OP_MAX)  : do_read();
+            (PATH_FIRST, 1, OP_ADD) : do_add();
+            (PATH_FIRST, 1, OP_OR)  : do_or();
+            (PATH_FIRST, 1, OP_MAX) : do_max();
+            (PATH_ADD, 0, OP_ADD)   : do_add();
+            (PATH_ADD, 0, OP_OR)    : do_or();
+            (PATH_ADD, 0, OP_MAX)   : do_max();
+            (PATH_READ, 0, OP_ADD)  : do_read();
+            (PATH_READ, 0, OP_OR)   : do_read();
+            (PATH_READ, 0, OP_MAX)  : do_read();
+            (PATH_DOWN, 1, OP_ADD)  : do_add();
+            (PATH_DOWN, 1, OP_OR)   : do_or();
+            (PATH_DOWN, 1, OP_MAX)  : do_max();
         }
     }
 

@@ -13,15 +13,49 @@
  *   open, ok, unseen:              ADD (complete when no other worker is left: left == 0)
  *   open, seen:                    DUPLICATE
  *   open, unseen, otherwise:       CONFLICT (the sender is marked: a poisoned use never completes)
+ * A result from the job's parent (trees, docs/trees.md; FLAG_RESULT, past admission, which
+ * peeked at both registers):
+ *   done, the same key and offset: RESULT_DOWN, down's test-and-set: taken (meta.first = 1: the
+ *                                  words write the payload) only when down was 0
+ *   otherwise:                     STALE_RESULT (another use, or one still in progress here)
  * meta.path tells the words (combine.p4) what to do: write, combine, read, or nothing.
+ *
+ * down (trees): one bit per cell, the parent's result of the current use is in the words.  One
+ * RegisterAction per pass, from the verdict's action: cleared on FIRST, read on ANSWER (a child
+ * answers from its cell only when down is 1, else sends the use up again), test-and-set on
+ * RESULT_DOWN.  At a root it is cleared and read but never set: ANSWER always unicasts there.
  */
 #ifndef HOMAGG_TOFINO_COUNTER_P4
 #define HOMAGG_TOFINO_COUNTER_P4
 
 control Completion(inout tofino_headers_t hdr, inout ig_meta_t meta) {
-    action first()     { meta.path = PATH_FIRST; meta.first = 1; meta.verdict = VERDICT_FIRST; }
+    Register<bit<1>, bit<16>>(POOL_CELLS) down;
+
+    RegisterAction<bit<1>, bit<16>, bit<1>>(down) clear_down = {
+        void apply(inout bit<1> value) {
+            value = 0;
+        }
+    };
+
+    RegisterAction<bit<1>, bit<16>, bit<1>>(down) read_down = {
+        void apply(inout bit<1> value, out bit<1> rv) {
+            rv = value;
+        }
+    };
+
+    /* rv = 1 when down was 0: the result is taken (down := 1) */
+    RegisterAction<bit<1>, bit<16>, bit<1>>(down) take_down = {
+        void apply(inout bit<1> value, out bit<1> rv) {
+            rv = ~value;
+            value = 1;
+        }
+    };
+
+    action first()     { meta.path = PATH_FIRST; meta.first = 1; meta.verdict = VERDICT_FIRST; clear_down.execute(meta.cell); }
     action add()       { meta.path = PATH_ADD;   meta.verdict = VERDICT_ADD; }
-    action answer()    { meta.path = PATH_READ;  meta.verdict = VERDICT_ANSWER; }
+    action answer()    { meta.path = PATH_READ;  meta.verdict = VERDICT_ANSWER; meta.down = read_down.execute(meta.cell); }
+    action result_down()  { meta.path = PATH_DOWN; meta.verdict = VERDICT_RESULT_DOWN; meta.first = take_down.execute(meta.cell); }
+    action stale_result() { meta.path = PATH_NONE; meta.verdict = VERDICT_STALE_RESULT; }
     action stale()     { meta.path = PATH_NONE;  meta.verdict = VERDICT_STALE; }
     action duplicate() { meta.path = PATH_NONE;  meta.verdict = VERDICT_DUPLICATE; }
     action conflict()  { meta.path = PATH_NONE;  meta.verdict = VERDICT_CONFLICT; }
@@ -34,10 +68,12 @@ control Completion(inout tofino_headers_t hdr, inout ig_meta_t meta) {
             meta.offset_max : ternary;
             hdr.homagg.flags : ternary;
         }
-        actions = { first; add; answer; stale; duplicate; conflict; }
+        actions = { first; add; answer; stale; duplicate; conflict; result_down; stale_result; }
         const default_action = conflict();
         size = 16;   /* first matching row wins */
         const entries = {
+            (0, PRED_SAME, _, _, FLAG_RESULT &&& FLAG_RESULT) : result_down();
+            (_, _, _, _, FLAG_RESULT &&& FLAG_RESULT)         : stale_result();
             (0, PRED_OTHER, _, _, _)               : first();
             (0, PRED_OTHER_SAME_OFFSET, _, _, _)   : first();
             (0, PRED_SAME, _, 0, FLAG_RETRANSMIT &&& FLAG_RETRANSMIT) : answer();

@@ -40,6 +40,14 @@ struct ig_meta_t {
     bit<16>  mcast_grp;
     PortId_t worker_port;
     bit<32>  mine;           /* 1 << worker_id */
+    bit<1>   child;          /* trees: the job has a parent (admission entry): complete uses go up */
+    PortId_t parent_port;    /* trees: the port towards the job's parent (admission entry) */
+    bit<16>  down_grp;       /* trees: the job's group, for a result from its parent (from_parent entry) */
+    bit<1>   parent_known;   /* trees: from_parent hit (the source is the job's parent) */
+    bit<1>   parent_token_ok;/* trees: parent_token hit (and the token is the job's) */
+    bit<1>   down;           /* trees: counter.p4's down bit of the cell, read on an ANSWER */
+    bit<1>   count_tree;     /* trees: replicate.p4 counts tree_events[tree_event] */
+    bit<8>   tree_event;     /* TREE_* */
     bit<1>   source_known;   /* admission.p4's lookups: 1 on a hit */
     bit<1>   job_ok;
     bit<1>   token_ok;
@@ -56,7 +64,8 @@ struct ig_meta_t {
     bit<4>   use_pred;       /* use_key.p4: PRED_* (key and offset equal before the packet) */
     bit<3>   path;           /* PATH_*: what the words do (counter.p4) */
     bit<8>   verdict;        /* VERDICT_* */
-    bit<1>   first;          /* 1 on PATH_FIRST: the word RegisterActions write, not combine */
+    bit<1>   first;          /* 1 on PATH_FIRST, and on PATH_DOWN when down was 0 (the result is
+                              * taken): the word RegisterActions write, not combine */
     bool     complete;
 }
 

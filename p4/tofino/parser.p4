@@ -38,6 +38,14 @@ parser HomaggIngressParser(packet_in pkt, out tofino_headers_t hdr, out ig_meta_
         meta.mcast_grp = 0;
         meta.worker_port = 0;
         meta.mine = 0;
+        meta.child = 0;
+        meta.parent_port = 0;
+        meta.down_grp = 0;
+        meta.parent_known = 0;
+        meta.parent_token_ok = 0;
+        meta.down = 0;
+        meta.count_tree = 0;
+        meta.tree_event = 0;
         meta.source_known = 0;
         meta.job_ok = 0;
         meta.token_ok = 0;

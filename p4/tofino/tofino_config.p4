@@ -26,6 +26,12 @@ const bit<3>  PATH_NONE         = 0;       /* leave the cells alone (dropped pac
 const bit<3>  PATH_FIRST        = 1;       /* write the payload (FIRST) */
 const bit<3>  PATH_ADD          = 2;       /* combine the payload (ADD) */
 const bit<3>  PATH_READ         = 3;       /* read the result (ANSWER) */
+const bit<3>  PATH_DOWN         = 4;       /* trees: write the parent's result, when down was 0 (meta.first) */
+
+/* Verdicts on a result from the job's parent (trees, docs/trees.md), beside ../configuration.p4's
+ * VERDICT_* of a member's packet (counter.p4 sets them; replicate.p4 acts on them). */
+const bit<8>  VERDICT_RESULT_DOWN  = 6;    /* the cell's current use, complete here: down test-and-set */
+const bit<8>  VERDICT_STALE_RESULT = 7;    /* another use, or one still in progress here: drop */
 
 /* use_key.p4's predicate: 1 << (offset equal + 2 * key equal), before the packet. */
 const bit<4>  PRED_OTHER        = 1;       /* another key */
@@ -37,6 +43,8 @@ const bit<4>  PRED_SAME         = 8;       /* the use's key and offset */
 const bit<8>  BRIDGE_FORWARD    = 0;       /* ordinary L2 forwarding */
 const bit<8>  BRIDGE_RESULT     = 1;       /* a result copy: rewrite for its worker (rid) */
 const bit<8>  BRIDGE_ANSWER     = 2;       /* a unicast answer: worker_id already set */
+const bit<8>  BRIDGE_UP         = 3;       /* trees: a completed use sent up to the parent (flags 0) */
+const bit<8>  BRIDGE_UP_RETRANSMIT = 4;    /* trees: sent up again, FLAG_RETRANSMIT (ANSWER, down 0) */
 
 const bool CHECK_TOFINO_WORDS = static_assert(TOFINO_K >= 1 && TOFINO_K <= P4_WORDS,
                                               "1 <= TOFINO_WORDS <= P4_WORDS (the words[] stack)");

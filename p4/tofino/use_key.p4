@@ -10,7 +10,8 @@
  *   in_progress (missing was not 0): if key is equal and the offset differs, poison the use:
  *               offset := 0xFFFFFFFF, which no packet's offset is taken to equal (admission.p4 sets
  *               meta.offset_max for offset 0xFFFFFFFF and the verdict never accepts it)
- * Both return the predicate of (offset equal, key equal) as they were before the packet: the
+ *   peek        trees: a result from the job's parent (FLAG_RESULT, past admission): no change
+ * All return the predicate of (offset equal, key equal) as they were before the packet: the
  * 4-bit value 1 << (offset_equal + 2 * key_equal) (PRED_* in tofino_config.p4).
  */
 #ifndef HOMAGG_TOFINO_USE_KEY_P4
@@ -43,6 +44,16 @@ control UseKey(inout tofino_headers_t hdr, inout ig_meta_t meta) {
         }
     };
 
+    RegisterAction<use_offset_t, bit<16>, bit<4>>(use_offset) read_only = {
+        void apply(inout use_offset_t value, out bit<4> pred) {
+            pred = this.predicate(value.offset == hdr.homagg.offset, value.key == meta.key_rest);
+        }
+    };
+
+    action peek() {
+        meta.use_pred = read_only.execute(meta.cell);
+    }
+
     action done() {
         meta.use_pred = at_done.execute(meta.cell);
         meta.unseen = meta.missing & meta.mine;
@@ -56,13 +67,17 @@ control UseKey(inout tofino_headers_t hdr, inout ig_meta_t meta) {
     }
 
     table offset_check {
-        key = { meta.missing : ternary; }
-        actions = { done; open; @defaultonly NoAction; }
+        key = {
+            hdr.homagg.flags : ternary;
+            meta.missing     : ternary;
+        }
+        actions = { peek; done; open; @defaultonly NoAction; }
         const default_action = NoAction();   /* never taken: the entries cover every key */
-        size = 2;
+        size = 4;
         const entries = {
-            0 : done();
-            _ : open();
+            (FLAG_RESULT &&& FLAG_RESULT, _) : peek();   /* trees: a result from the parent */
+            (_, 0)                           : done();
+            (_, _)                           : open();
         }
     }
 

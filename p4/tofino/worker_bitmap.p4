@@ -15,7 +15,9 @@
  * bitmap, and a register's update can depend only on registers accessed before it; use_key.p4
  * checks the offset next (a mismatch poisons the use: its result is never sent).
  * The mark is an action of the table that also turns admission.p4's lookups into the drop reason,
- * so admission and the mark take two stages, not three.
+ * so admission and the mark take two stages, not three.  Trees: a result from the job's parent
+ * (FLAG_RESULT) that passes its checks only reads the pair (peek_cell): counter.p4 takes it when
+ * its use is the cell's, complete (missing 0) and still waiting (the down bit).
  */
 #ifndef HOMAGG_TOFINO_WORKER_BITMAP_P4
 #define HOMAGG_TOFINO_WORKER_BITMAP_P4
@@ -26,19 +28,26 @@ struct use_state_t {
 }
 
 /* Rows for one valid op K, most specific first: the accept row, then each check's failure in the
- * reverse of the v1model program's order (the first matching row wins).  Key order: header valid,
- * udp length, version, op, word_count, parser error, lengths consistent, flags, source known, job
- * and worker consistent, token consistent, word count allowed, slot in range. */
+ * reverse of the v1model program's order (the first matching row wins); then a result
+ * (FLAG_RESULT) from the job's parent (trees: peek, or its failures in the reverse of the
+ * emulator's order: not the parent -> drop_result_flag, token, word count, slot range).  Key
+ * order: header valid, udp length, version, op, word_count, parser error, lengths consistent,
+ * flags, source known, job and worker consistent, token consistent, word count allowed, slot in
+ * range, parent known, parent's token consistent. */
 #define ROWS_FOR_OP(K) \
-    (true, _, HOMAGG_VERSION, K, 0, _, _, _, _, _, _, _, _)          : reject((bit<8>) DROP_LENGTH); \
-    (true, _, HOMAGG_VERSION, K, _, 0, 1, 0 &&& 1, 1, 1, 1, 1, 1)    : mark(); \
-    (true, _, HOMAGG_VERSION, K, _, 0, 1, 0 &&& 1, 1, 1, 1, 1, _)    : reject((bit<8>) DROP_SLOT_RANGE); \
-    (true, _, HOMAGG_VERSION, K, _, 0, 1, 0 &&& 1, 1, 1, 1, _, _)    : reject((bit<8>) DROP_WORD_COUNT); \
-    (true, _, HOMAGG_VERSION, K, _, 0, 1, 0 &&& 1, 1, 1, _, _, _)    : reject((bit<8>) DROP_TOKEN); \
-    (true, _, HOMAGG_VERSION, K, _, 0, 1, 0 &&& 1, 1, _, _, _, _)    : reject((bit<8>) DROP_ADMISSION_MISMATCH); \
-    (true, _, HOMAGG_VERSION, K, _, 0, 1, 0 &&& 1, _, _, _, _, _)    : reject((bit<8>) DROP_UNKNOWN_SOURCE); \
-    (true, _, HOMAGG_VERSION, K, _, 0, 1, _, _, _, _, _, _)          : reject((bit<8>) DROP_RESULT_FLAG); \
-    (true, _, HOMAGG_VERSION, K, _, _, _, _, _, _, _, _, _)          : reject((bit<8>) DROP_LENGTH);
+    (true, _, HOMAGG_VERSION, K, 0, _, _, _, _, _, _, _, _, _, _)          : reject((bit<8>) DROP_LENGTH); \
+    (true, _, HOMAGG_VERSION, K, _, 0, 1, 0 &&& 1, 1, 1, 1, 1, 1, _, _)    : mark(); \
+    (true, _, HOMAGG_VERSION, K, _, 0, 1, 0 &&& 1, 1, 1, 1, 1, _, _, _)    : reject((bit<8>) DROP_SLOT_RANGE); \
+    (true, _, HOMAGG_VERSION, K, _, 0, 1, 0 &&& 1, 1, 1, 1, _, _, _, _)    : reject((bit<8>) DROP_WORD_COUNT); \
+    (true, _, HOMAGG_VERSION, K, _, 0, 1, 0 &&& 1, 1, 1, _, _, _, _, _)    : reject((bit<8>) DROP_TOKEN); \
+    (true, _, HOMAGG_VERSION, K, _, 0, 1, 0 &&& 1, 1, _, _, _, _, _, _)    : reject((bit<8>) DROP_ADMISSION_MISMATCH); \
+    (true, _, HOMAGG_VERSION, K, _, 0, 1, 0 &&& 1, _, _, _, _, _, _, _)    : reject((bit<8>) DROP_UNKNOWN_SOURCE); \
+    (true, _, HOMAGG_VERSION, K, _, 0, 1, 1 &&& 1, _, _, _, 1, 1, 1, 1)    : peek(); \
+    (true, _, HOMAGG_VERSION, K, _, 0, 1, 1 &&& 1, _, _, _, 1, _, 1, 1)    : reject((bit<8>) DROP_SLOT_RANGE); \
+    (true, _, HOMAGG_VERSION, K, _, 0, 1, 1 &&& 1, _, _, _, _, _, 1, 1)    : reject((bit<8>) DROP_WORD_COUNT); \
+    (true, _, HOMAGG_VERSION, K, _, 0, 1, 1 &&& 1, _, _, _, _, _, 1, _)    : reject((bit<8>) DROP_TOKEN); \
+    (true, _, HOMAGG_VERSION, K, _, 0, 1, _, _, _, _, _, _, _, _)          : reject((bit<8>) DROP_RESULT_FLAG); \
+    (true, _, HOMAGG_VERSION, K, _, _, _, _, _, _, _, _, _, _, _)          : reject((bit<8>) DROP_LENGTH);
 
 control WorkerBitmap(inout tofino_headers_t hdr, inout ig_meta_t meta, in bit<16> parser_err) {
     Register<use_state_t, bit<16>>(POOL_CELLS) use_state;
@@ -55,7 +64,15 @@ control WorkerBitmap(inout tofino_headers_t hdr, inout ig_meta_t meta, in bit<16
         }
     };
 
+    /* trees: a result from the parent reads the cell, changes nothing (counter.p4 decides) */
+    RegisterAction<use_state_t, bit<16>, bit<32>>(use_state) peek_cell = {
+        void apply(inout use_state_t value, out bit<32> missing) {
+            missing = value.missing;
+        }
+    };
+
     action mark() { meta.missing = mark_cell.execute(meta.cell); }
+    action peek() { meta.missing = peek_cell.execute(meta.cell); }
     action reject(bit<8> reason) { meta.drop_reason = reason; }
 
     /* the drop reason of admission.p4's lookups and the header checks, or the mark */
@@ -74,18 +91,20 @@ control WorkerBitmap(inout tofino_headers_t hdr, inout ig_meta_t meta, in bit<16
             meta.token_ok         : ternary;
             meta.words_ok         : ternary;
             meta.in_range         : ternary;
+            meta.parent_known     : ternary;
+            meta.parent_token_ok  : ternary;
         }
-        actions = { mark; reject; }
+        actions = { mark; peek; reject; }
         const default_action = reject((bit<8>) DROP_SHORT);
         size = 64;
         const entries = {
-            (false, _, _, _, _, _, _, _, _, _, _, _, _)                      : reject((bit<8>) DROP_SHORT);
-            (true, 0 .. 8 + HEADER_LEN - 1, _, _, _, _, _, _, _, _, _, _, _)         : reject((bit<8>) DROP_SHORT);
+            (false, _, _, _, _, _, _, _, _, _, _, _, _, _, _)                      : reject((bit<8>) DROP_SHORT);
+            (true, 0 .. 8 + HEADER_LEN - 1, _, _, _, _, _, _, _, _, _, _, _, _, _)         : reject((bit<8>) DROP_SHORT);
             ROWS_FOR_OP(OP_ADD)
             ROWS_FOR_OP(OP_OR)
             ROWS_FOR_OP(OP_MAX)
-            (true, _, HOMAGG_VERSION, _, _, _, _, _, _, _, _, _, _)          : reject((bit<8>) DROP_OP);
-            (true, _, _, _, _, _, _, _, _, _, _, _, _)                       : reject((bit<8>) DROP_VERSION);
+            (true, _, HOMAGG_VERSION, _, _, _, _, _, _, _, _, _, _, _, _)          : reject((bit<8>) DROP_OP);
+            (true, _, _, _, _, _, _, _, _, _, _, _, _, _, _)                       : reject((bit<8>) DROP_VERSION);
         }
     }
 

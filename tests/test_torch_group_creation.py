@@ -126,15 +126,29 @@ def test_new_group_returns_only_when_every_rank_registered() -> None:
         assert res["returned_at"] >= registered, (res, registered)
 
 
-@pytest.mark.parametrize("rank", [0, 5, 32])
-def test_more_ranks_than_one_switch_takes_is_a_config_error_on_every_rank(rank: int) -> None:
-    """33 ranks through a switch: each rank refuses alone, at once, naming the limit (before: rank 0's
-    switch refused the job and the other ranks waited, then raised a GroupCreationError that blamed
-    ranks which had not registered)."""
+@pytest.mark.parametrize("rank", [0, 5, 1024])
+def test_more_ranks_than_a_tree_takes_is_a_config_error_on_every_rank(rank: int) -> None:
+    """1025 ranks (the embedded default: a tree of two levels holds 1024): each rank refuses alone,
+    at once, naming the limit, before anything is sent (33..1024 ranks aggregate in a tree:
+    tests/test_torch_tree.py)."""
     from homagg.torch._config import BackendConfig
     from homagg.torch._process_group import ProcessGroupHomagg
 
     t0 = time.monotonic()
-    with pytest.raises(homagg.ConfigError, match=r"world_size 33 exceeds one switch's 32 workers"):
-        ProcessGroupHomagg(dist.HashStore(), rank, 33, datetime.timedelta(seconds=1.5), BackendConfig.resolve(None))
+    with pytest.raises(homagg.ConfigError, match=r"world_size 1025 exceeds 1024 ranks, the most a tree of 2 levels"):
+        ProcessGroupHomagg(dist.HashStore(), rank, 1025, datetime.timedelta(seconds=1.5), BackendConfig.resolve(None))
+    assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.parametrize("rank", [0, 32])
+def test_more_ranks_than_one_external_switch_takes_is_a_config_error_on_every_rank(rank: int) -> None:
+    """33 ranks through one external switch (``host:port``): refused on every rank at once, naming
+    the 32-worker limit and the way beyond it (a tree job file)."""
+    from homagg.torch._config import BackendConfig
+    from homagg.torch._process_group import ProcessGroupHomagg
+
+    t0 = time.monotonic()
+    with pytest.raises(homagg.ConfigError, match=r"world_size 33 exceeds one switch's 32 workers.*tree job file"):
+        ProcessGroupHomagg(dist.HashStore(), rank, 33, datetime.timedelta(seconds=1.5),
+                           BackendConfig.resolve({"switch": "127.0.0.1:9"}))
     assert time.monotonic() - t0 < 1.0

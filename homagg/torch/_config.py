@@ -8,9 +8,13 @@ group is created; an invalid value raises :class:`~homagg.ConfigError` naming th
 ``pg_options`` key  environment variable          meaning
 =================  ===========================  ==============================================
 ``switch``          ``HOMAGG_SWITCH``             ``embedded`` (default: group rank 0 starts an
-                                                  emulator), ``host:port`` (external emulator or
-                                                  BMv2), or ``gloo`` (fallback: switch emulated
-                                                  with a private gloo group, no network element)
+                                                  emulator; beyond 32 ranks a tree of them),
+                                                  ``host:port`` (external emulator or BMv2, up to
+                                                  32 ranks), a tree job file (a ``.toml`` or
+                                                  ``.json`` path: external switches in a tree,
+                                                  :mod:`homagg._treefile`), or ``gloo``
+                                                  (fallback: switch emulated with a private gloo
+                                                  group, no network element)
 ``scheme``          ``HOMAGG_SCHEME``             ``auto`` (default), ``sketch``, ``compact``,
                                                   ``dense``
 ``timeout``         ``HOMAGG_TIMEOUT``            seconds one switch round may take before a
@@ -67,7 +71,9 @@ from typing import Any
 
 from ..codec._config import SCHEMES
 from .._errors import ConfigError
+from .._treefile import is_tree_file, load_tree_file
 from ..jobs import format_addr, parse_addr
+from ..tree import plan_tree
 from ..wire import MAX_SLOTS, MAX_WORDS_JUMBO, MAX_WORKERS
 
 __all__ = ["BackendConfig", "ENV_VARS"]
@@ -120,7 +126,7 @@ class BackendConfig:
     codec: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.switch not in ("embedded", "gloo"):
+        if self.switch not in ("embedded", "gloo") and not is_tree_file(self.switch):
             _switch_address(self.switch)
         if self.scheme not in SCHEMES:
             raise ConfigError(f"scheme: {self.scheme!r} is not one of {', '.join(SCHEMES)}")
@@ -157,19 +163,41 @@ class BackendConfig:
 
     @property
     def external_address(self) -> tuple[str, int] | None:
-        """``(host, port)`` of an external switch, or ``None`` for embedded/gloo."""
-        return None if self.switch in ("embedded", "gloo") else _switch_address(self.switch)
+        """``(host, port)`` of an external switch, or ``None`` for embedded/gloo/a tree job file."""
+        if self.switch in ("embedded", "gloo") or self.tree_file is not None:
+            return None
+        return _switch_address(self.switch)
+
+    @property
+    def tree_file(self) -> str | None:
+        """The tree job file ``switch`` names (external switches in a tree), or None."""
+        return self.switch if is_tree_file(self.switch) else None
 
     def capped(self, group_timeout_s: float) -> BackendConfig:
         """This config with ``timeout`` no larger than the process group's own timeout."""
         return replace(self, timeout=min(self.timeout, group_timeout_s)) if group_timeout_s > 0 else self
 
     def check_world(self, size: int) -> None:
-        """Refuse a group larger than one switch takes (the 32-bit worker bitmap) with a
-        :class:`~homagg.ConfigError`, on every rank before anything is sent; ``gloo`` has no limit."""
-        if self.switch != "gloo" and size > MAX_WORKERS:
+        """Refuse a group its switches cannot take with a :class:`~homagg.ConfigError`, on every
+        rank before anything is sent: one external switch takes 32 ranks (the worker bitmap), a
+        tree job file exactly its ``world_size``, the embedded default a tree of up to 1024
+        (:func:`homagg.tree.plan_tree` names the limit); ``gloo`` has no limit."""
+        if self.switch == "gloo":
+            return
+        if self.tree_file is not None:
+            tree = load_tree_file(self.tree_file)
+            if tree.world_size != size:
+                raise ConfigError(f"homagg: world_size {size} differs from the {tree.world_size} ranks of the tree job "
+                                  f"file {self.tree_file}")
+            return
+        if self.switch != "embedded" and size > MAX_WORKERS:
             raise ConfigError(f"homagg: world_size {size} exceeds one switch's {MAX_WORKERS} workers (the worker "
-                              f"bitmap); aggregation across switches is not built yet; switch='gloo' has no limit")
+                              f"bitmap); name a tree job file of switches instead (switch=/path/tree.toml, "
+                              f"docs/trees.md), or use the embedded default or switch='gloo'")
+        try:
+            plan_tree(size)
+        except ConfigError as exc:
+            raise ConfigError(f"homagg: {exc}; switch='gloo' has no limit") from None
 
     @classmethod
     def resolve(cls, pg_options: Any = None, env: Mapping[str, str] | None = None) -> BackendConfig:
@@ -241,6 +269,9 @@ def _convert(key: str, value: Any, *, source: str) -> Any:
         low = value.lower()
         if low in ("embedded", "gloo"):
             return low
+        if is_tree_file(value):
+            load_tree_file(value)  # a ConfigError naming the file and what is wrong, at creation
+            return value
         return format_addr(_switch_address(value, source=source))
     if key == "fallback":
         low = value.lower()

@@ -25,7 +25,9 @@ class SwitchLink:
     address: tuple[str, int] | None = None
     job_id: int | None = None
     control: tuple[str, int] | None = None  # the switch's control address (udp kinds)
-    emulator: object | None = None  # the embedded emulator, on the rank that owns it
+    emulator: object | None = None  # the embedded emulator, on the rank that owns it (a tree: this rank's leaf)
+    #: an embedded tree's emulators, root first (the plan's order), on the rank that started them
+    emulators: tuple[object, ...] = ()
     _closers: list[Callable[[], None]] = field(default_factory=list)
     _close_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 

@@ -59,7 +59,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import AuthenticationError, ConfigError
-from ..jobs import P4, JobSpec, parse_addr
+from ..jobs import P4, JobSpec, format_addr, parse_addr
 from . import _handshake as hs
 from ._auth import resolve_secret
 from ._errmap import transport_error
@@ -156,12 +156,16 @@ class ControlClient:
         workers: list[dict[str, Any]] | None = None,
         idle_timeout_s: float | None = None,
         token: int | None = None,
+        parent: tuple[str, int] | None = None,
+        child_id: int = 0,
     ) -> JobSpec:
         """Admit a job; ``job_id``/``slot_base``/``token`` None let the switch choose (a random
-        token).  Returns the admitted spec, with the token its workers must put in their packets."""
+        token).  Returns the admitted spec, with the token its workers must put in their packets.
+        Trees (docs/trees.md): ``parent`` (the parent switch's data address) and ``child_id`` (this
+        switch's worker id there) make this switch a child for the job."""
         job = {"job_id": job_id, "world_size": world_size, "slot_base": slot_base, "n_slots": n_slots,
                "words_per_packet": words_per_packet, "workers": workers or [], "idle_timeout_s": idle_timeout_s,
-               "token": token}
+               "token": token, "parent": None if parent is None else format_addr(parent), "child_id": child_id}
         return JobSpec.from_dict(self.request("admit", job=job)["job"])
 
     def register(self, job_id: int, worker_id: int, addr: tuple[str, int]) -> JobSpec:

@@ -20,4 +20,5 @@ setup(ext_modules=[Extension("homagg.codec._native_kernels",
                              depends=["homagg/_wirewords.h", "homagg/_udpseg.h", "homagg/transport/_fastpath.h"],
                              extra_compile_args=["-O3"]),
                    Extension("switch_emulator._dataplane", ["switch_emulator/_dataplane.c"], optional=True,
-                             include_dirs=["homagg"], depends=["homagg/_wirewords.h", "homagg/_udpseg.h"], extra_compile_args=["-O3"])])
+                             include_dirs=["homagg"], depends=["homagg/_wirewords.h", "homagg/_udpseg.h", "switch_emulator/_dpsend.h"],
+                             extra_compile_args=["-O3"])])

@@ -6,16 +6,26 @@
  * control plane (jobs, admission, counters, the control port) stays in Python.  The stages and
  * their order are pipeline.py's, verdict for verdict and counter for counter:
  *
- *   parse (short, version, op, length, result_flag) -> admission (unknown_source,
- *   admission_mismatch, token, word_count) -> slot (slot_range) -> worker bitmap (FIRST, ADD,
- *   ANSWER, DUPLICATE, STALE, CONFLICT; bitmap.py) -> combine (ADD wraps, OR, signed MAX;
- *   combine.py) -> completion (completion.py) -> replication (replication.py: one copy to the
- *   job's multicast group for subscribed workers, worker_id 0; one unicast per other registered
- *   worker; ANSWER: a unicast of the stored result to that worker).
+ *   parse (short, version, op, length) -> a result (FLAG_RESULT) goes to result_down, the rest
+ *   to admission (unknown_source, admission_mismatch, token, word_count) -> slot (slot_range) ->
+ *   worker bitmap (FIRST, ADD, ANSWER, DUPLICATE, STALE, CONFLICT; bitmap.py) -> combine (ADD
+ *   wraps, OR, signed MAX; combine.py) -> completion (completion.py) -> replication
+ *   (replication.py: one copy to the job's multicast group for subscribed workers, worker_id 0;
+ *   one unicast per other registered worker; ANSWER: a unicast of the stored result to that worker).
  *
- * tests/test_emulator_native.py feeds the same datagrams through both engines and compares every
- * result byte and every counter.  Wire format: homagg/wire.py (20-byte big-endian header, then
- * big-endian int32 words).
+ * Trees (docs/trees.md, the state table): a job with a parent (parent_port != 0) is a *child*.  A
+ * use completing there goes up to the parent (flags 0, worker_id = child_id: counter up); an
+ * ANSWER while the cell's ``down`` is 0 goes up again flagged FLAG_RETRANSMIT (retransmit_up);
+ * a FIRST clears ``down``.  A FLAG_RESULT datagram is looked up by (source, job id) among the
+ * jobs' parents (result_flag when none), then token, word_count, slot_range, and stale_result
+ * unless the cell's use is that use, complete and not yet down; then the cell takes the words,
+ * ``down`` := 1 and the result goes to the members as a root's completion does (result_down).
+ * Output: _dpsend.h (the batch's datagrams, GSO-grouped per destination and length; a child's up
+ * packets all go to one destination, its parent).
+ *
+ * tests/test_emulator_native.py and tests/test_tree_emulator.py feed the same datagrams through
+ * both engines and compare every result byte and every counter.  Wire format: homagg/wire.py
+ * (20-byte big-endian header, then big-endian int32 words).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -29,21 +39,22 @@
 
 #include "_udpseg.h"
 #include "_wirewords.h"
+#include "_dpsend.h"
 
-#define HDR 20
+#define HDR HG_HDR
 #define VERSION 2
 #define FLAG_RESULT 0x01
 #define FLAG_RETRANSMIT 0x02
 #define POISON ((int32_t)-1) /* bitmap.POISON: the offset of a poisoned use */
-#define BATCH 64
-#define MAX_WORKERS 32
-#define MAX_COPIES (BATCH * (MAX_WORKERS + 1))
-#define STRIDE (65536 + 64)
 
-/* counter indices: switch_emulator/native.py names them in this order */
-enum { C_RX, C_TX, C_ACCEPTED, C_COMPLETED, C_ANSWERED, D_SHORT, D_VERSION, D_OP, D_LENGTH, D_RESULT_FLAG,
-       D_UNKNOWN_SOURCE, D_ADMISSION_MISMATCH, D_TOKEN, D_WORD_COUNT, D_SLOT_RANGE, D_DUPLICATE, D_STALE,
-       D_CONFLICT, N_COUNTERS };
+/* counter indices: switch_emulator/native.py names them in this order (hg_counter_names) */
+enum { C_RX, C_TX, C_ACCEPTED, C_COMPLETED, C_ANSWERED, C_UP, C_RETRANSMIT_UP, C_RESULT_DOWN, D_SHORT, D_VERSION,
+       D_OP, D_LENGTH, D_RESULT_FLAG, D_STALE_RESULT, D_UNKNOWN_SOURCE, D_ADMISSION_MISMATCH, D_TOKEN,
+       D_WORD_COUNT, D_SLOT_RANGE, D_DUPLICATE, D_STALE, D_CONFLICT, N_COUNTERS };
+static const char COUNTER_NAMES[] =
+    "rx,tx,accepted,completed,retransmit_answered,up,retransmit_up,result_down,drop_short,drop_version,"
+    "drop_op,drop_length,drop_result_flag,drop_stale_result,drop_unknown_source,drop_admission_mismatch,"
+    "drop_token,drop_word_count,drop_slot_range,drop_duplicate,drop_stale,drop_conflict";
 
 enum { FIRST, ADD, ANSWER, DUPLICATE, STALE, CONFLICT };
 
@@ -61,11 +72,14 @@ typedef struct {
     uint32_t *bitmap;     /* [2 * n_slots] */
     int32_t *count;       /* [2 * n_slots] */
     int32_t *key;         /* [2 * n_slots][5]: set, tag, offset, op, word_count */
+    uint8_t *down;        /* [2 * n_slots]: the parent's result of the use is in regs (a child) */
     uint32_t *addr_ip;    /* [world] network order; addr_port 0: not registered */
     uint32_t *addr_port;
     uint32_t subscribed;
     uint32_t group_ip, group_port;  /* group_port 0: no group */
-    int64_t packets, completed;
+    uint32_t parent_ip, parent_port; /* network order; parent_port 0: the root (no parent) */
+    int32_t child_id;     /* the worker id at the parent */
+    int64_t packets, completed, results;  /* since the last sync: admitted packets, uses, results down */
 } hg_job;
 
 static inline uint32_t get16(const uint8_t *p) { return ((uint32_t)p[0] << 8) | p[1]; }
@@ -79,126 +93,15 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-typedef struct {
-    struct mmsghdr msgs[MAX_COPIES];   /* one datagram each, in the order the pipeline made them */
-    struct iovec iov[MAX_COPIES][2];
-    struct sockaddr_in dst[MAX_COPIES];
-    uint8_t hdr[MAX_COPIES][HDR];
-    int n;
-    uint8_t *payloads;    /* BATCH payload buffers of STRIDE bytes (results of this batch) */
-    int npay;
-    /* the same datagrams as GSO messages (gso_group): same destination, same length, in order */
-    struct mmsghdr gmsgs[MAX_COPIES];
-    struct iovec giov[2 * MAX_COPIES];
-    hg_segctl gctl[MAX_COPIES];
-    int order[MAX_COPIES];             /* datagram indices in GSO message order */
-    int gfirst[MAX_COPIES];            /* GSO message m holds order[gfirst[m] ..] */
-    uint8_t taken[MAX_COPIES];
-} outq;
-
-/* Whether results go out as GSO messages (homagg/_udpseg.h); cleared for good when the kernel
- * refuses one (no checksum offload on the route's device, an MTU below the datagram, ...). */
-static int gso_on = 1;
-
-int32_t hg_set_gso(int32_t on) {
-    int32_t was = gso_on;
-    gso_on = on != 0;
-    return was;
-}
-
-/* sendmmsg m[0..n): a full socket buffer is waited for (50 ms at most, then the rest counts as
- * lost: workers retransmit), a message the kernel refuses is skipped (e.g. a worker went away).
- * With ``gso_fail``: a GSO message refused with EIO or EINVAL stops the sending there and its
- * index goes to *gso_fail (the caller resends from it one datagram per message). */
-static void send_all(int fd, struct mmsghdr *m, int n, int *gso_fail) {
-    int done = 0;
-    while (done < n) {
-        int sent = sendmmsg(fd, m + done, (unsigned)(n - done), MSG_DONTWAIT);
-        if (sent > 0) {
-            done += sent;
-            continue;
-        }
-        if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd p = {fd, POLLOUT, 0};
-            if (poll(&p, 1, 50) > 0)
-                continue;
-            break;        /* buffer still full after 50 ms: the rest counts as lost */
-        }
-        if (gso_fail != NULL && m[done].msg_hdr.msg_controllen && (errno == EIO || errno == EINVAL)) {
-            *gso_fail = done;
-            return;
-        }
-        done++;           /* e.g. a worker went away: skip that copy (workers retransmit) */
-    }
-}
-
-/* Group the queued datagrams into GSO messages: each takes the first datagram not yet taken and
- * the following ones to the same destination with the same length (up to the GSO limits);
- * per destination the order stays the pipeline's.  Returns how many messages. */
-static int gso_group(outq *q) {
-    memset(q->taken, 0, (size_t)q->n);
-    int ng = 0, no = 0, iv = 0;
-    for (int a = 0; a < q->n; a++) {
-        if (q->taken[a])
-            continue;
-        const size_t plen = q->iov[a][1].iov_len;
-        const int most = hg_gso_max_segments(HDR + plen);
-        const int iv0 = iv;
-        int cnt = 0;
-        q->gfirst[ng] = no;
-        for (int b = a; b < q->n && cnt < most; b++) {
-            if (q->taken[b] || q->dst[b].sin_addr.s_addr != q->dst[a].sin_addr.s_addr
-                || q->dst[b].sin_port != q->dst[a].sin_port)
-                continue;
-            if (q->iov[b][1].iov_len != plen)
-                break;    /* a datagram of another length: it opens the next message */
-            q->taken[b] = 1;
-            q->order[no++] = b;
-            q->giov[iv++] = q->iov[b][0];
-            q->giov[iv++] = q->iov[b][1];
-            cnt++;
-        }
-        struct msghdr *h = &q->gmsgs[ng].msg_hdr;
-        memset(h, 0, sizeof *h);
-        h->msg_name = &q->dst[a];
-        h->msg_namelen = sizeof q->dst[a];
-        h->msg_iov = &q->giov[iv0];
-        h->msg_iovlen = (size_t)(iv - iv0);
-        if (cnt > 1)
-            hg_gso_set(h, &q->gctl[ng], (uint16_t)(HDR + plen));
-        ng++;
-    }
-    return ng;
-}
-
-static void flush(int fd, outq *q) {
-    int ng = gso_on && q->n > 1 ? gso_group(q) : q->n;
-    if (ng < q->n) {
-        int fail = -1;
-        send_all(fd, q->gmsgs, ng, &fail);
-        if (fail >= 0) {  /* refused: from that message on, one datagram per message, for good */
-            gso_on = 0;
-            int first = q->gfirst[fail], rest = q->n - first;
-            for (int t = 0; t < rest; t++)
-                q->gmsgs[t] = q->msgs[q->order[first + t]];
-            send_all(fd, q->gmsgs, rest, NULL);
-        }
-    } else {
-        send_all(fd, q->msgs, q->n, NULL);
-    }
-    q->n = 0;
-    q->npay = 0;
-}
-
-/* Queue the result of cell i of job j to (ip, port) with worker_id wid; the payload (shared by
- * the copies of one result) is written once per result (pay). */
-static void out(outq *q, const hg_job *j, int i, uint32_t wid, uint32_t ip, uint32_t port, const uint8_t *pay,
-                int64_t *c) {
+/* Queue cell i of job j (its key, its payload ``pay``, written once and shared by the copies)
+ * to (ip, port) with ``flags`` and worker_id ``wid``: a result (FLAG_RESULT) or an up packet. */
+static void out(outq *q, const hg_job *j, int i, uint32_t flags, uint32_t wid, uint32_t ip, uint32_t port,
+                const uint8_t *pay, int64_t *c) {
     int m = q->n++;
     const int32_t *key = j->key + 5 * i;
     uint8_t *h = q->hdr[m];
     h[0] = (uint8_t)((VERSION << 4) | (key[3] & 0xF));
-    h[1] = FLAG_RESULT;
+    h[1] = (uint8_t)flags;
     put16(h + 2, (uint32_t)j->job_id);
     h[4] = (uint8_t)wid;
     h[5] = 0;
@@ -231,8 +134,53 @@ static const uint8_t *payload(outq *q, const hg_job *j, int i) {
     return p;
 }
 
+/* replication.multicast: the cell's result to the job's members (group copy + unicasts) */
+static void multicast(outq *q, const hg_job *j, int i, int64_t *c) {
+    const uint8_t *pay = payload(q, j, i);
+    uint32_t sub = j->subscribed;
+    if (sub && j->group_port)
+        out(q, j, i, FLAG_RESULT, 0, j->group_ip, j->group_port, pay, c);
+    for (int32_t x = 0; x < j->world; x++) {
+        if (!j->addr_port[x] || (sub >> x & 1))
+            continue;
+        out(q, j, i, FLAG_RESULT, (uint32_t)x, j->addr_ip[x], j->addr_port[x], pay, c);
+    }
+}
+
+/* replication.up: the cell's combined words to the parent as worker child_id's contribution */
+static void up(outq *q, const hg_job *j, int i, int retransmit, int64_t *c) {
+    out(q, j, i, retransmit ? FLAG_RETRANSMIT : 0, (uint32_t)j->child_id, j->parent_ip, j->parent_port,
+        payload(q, j, i), c);
+}
+
+/* pipeline._result_down: a result from the job's parent (the header's fields already read) */
+static void result_down(const uint8_t *b, uint32_t sip, uint32_t sport, hg_job *jobs, int njobs, uint32_t op,
+                        uint32_t wc, int64_t *c, outq *q) {
+    int32_t job_id = (int32_t)get16(b + 2);
+    hg_job *j = NULL;
+    for (int k = 0; k < njobs; k++)
+        if (jobs[k].parent_port && jobs[k].parent_ip == sip && jobs[k].parent_port == sport
+            && jobs[k].job_id == job_id) { j = &jobs[k]; break; }
+    if (j == NULL) { c[D_RESULT_FLAG]++; return; }
+    if (get32(b + 16) != j->token) { c[D_TOKEN]++; return; }
+    if ((int32_t)wc > j->k) { c[D_WORD_COUNT]++; return; }
+    uint32_t bs = get16(b + 8), slot = bs & 0x7FFF, bank = bs >> 15;
+    int32_t rel = (int32_t)slot - j->slot_base;
+    if (rel < 0 || rel >= j->n_slots) { c[D_SLOT_RANGE]++; return; }
+    int i = 2 * rel + (int)bank;
+    const int32_t *key = j->key + 5 * i;
+    int same = key[0] && key[1] == (int32_t)get16(b + 10) && key[2] == (int32_t)get32(b + 12)
+               && key[3] == (int32_t)op && key[4] == (int32_t)wc;
+    if (!same || j->count[i] != j->world || j->down[i]) { c[D_STALE_RESULT]++; return; }
+    j->results++;
+    j->down[i] = 1;
+    hg_words_from_wire(j->regs + (int64_t)i * j->k, b + HDR, wc);
+    c[C_RESULT_DOWN]++;
+    multicast(q, j, i, c);
+}
+
 static void process(const uint8_t *b, int64_t n, uint32_t sip, uint32_t sport, const hg_src *srcs, int nsrc,
-                    hg_job *jobs, int64_t *c, outq *q) {
+                    hg_job *jobs, int njobs, int64_t *c, outq *q) {
     c[C_RX]++;
     if (n < HDR) { c[D_SHORT]++; return; }
     uint32_t version = b[0] >> 4, op = b[0] & 0xF, flags = b[1];
@@ -240,7 +188,7 @@ static void process(const uint8_t *b, int64_t n, uint32_t sip, uint32_t sport, c
     if (op > 2) { c[D_OP]++; return; }
     uint32_t wc = get16(b + 6);
     if (wc == 0 || n != HDR + 4 * (int64_t)wc) { c[D_LENGTH]++; return; }
-    if (flags & FLAG_RESULT) { c[D_RESULT_FLAG]++; return; }
+    if (flags & FLAG_RESULT) { result_down(b, sip, sport, jobs, njobs, op, wc, c, q); return; }
     const hg_src *s = NULL;
     for (int k = 0; k < nsrc; k++)
         if (srcs[k].ip == sip && srcs[k].port == sport) { s = &srcs[k]; break; }
@@ -283,10 +231,13 @@ static void process(const uint8_t *b, int64_t n, uint32_t sip, uint32_t sport, c
             key[2] = POISON;   /* the same use with another offset: it never completes nor answers */
     }
     if (verdict > ADD) {
-        if (verdict == ANSWER) {
+        if (verdict == ANSWER && j->parent_port && !j->down[i]) {
+            c[C_RETRANSMIT_UP]++;  /* the result has not come down: ask the parent again */
+            up(q, j, i, 1, c);
+        } else if (verdict == ANSWER) {
             c[C_ANSWERED]++;
             if (j->addr_port[w])
-                out(q, j, i, w, j->addr_ip[w], j->addr_port[w], payload(q, j, i), c);
+                out(q, j, i, FLAG_RESULT, w, j->addr_ip[w], j->addr_port[w], payload(q, j, i), c);
             else
                 c[C_TX]++;  /* pipeline.py counts tx for an answer even when the worker has no address */
         } else if (verdict == DUPLICATE) {
@@ -300,6 +251,8 @@ static void process(const uint8_t *b, int64_t n, uint32_t sip, uint32_t sport, c
     }
     int first = verdict == FIRST;
     c[C_ACCEPTED]++;
+    if (first)
+        j->down[i] = 0;
     int32_t *r = j->regs + (int64_t)i * j->k;
     const uint8_t *p = b + HDR;
     if (first)
@@ -314,24 +267,22 @@ static void process(const uint8_t *b, int64_t n, uint32_t sip, uint32_t sport, c
         return;
     j->completed++;
     c[C_COMPLETED]++;
-    const uint8_t *pay = payload(q, j, i);
-    uint32_t sub = j->subscribed;
-    if (sub && j->group_port)
-        out(q, j, i, 0, j->group_ip, j->group_port, pay, c);
-    for (int32_t x = 0; x < j->world; x++) {
-        if (!j->addr_port[x] || (sub >> x & 1))
-            continue;
-        out(q, j, i, (uint32_t)x, j->addr_ip[x], j->addr_port[x], pay, c);
+    if (j->parent_port) {
+        c[C_UP]++;
+        up(q, j, i, 0, c);
+        return;
     }
+    multicast(q, j, i, c);
 }
 
 /* Serve ``fd`` for at most ``max_s`` seconds: receive batches, run them through the pipeline, send
  * the results.  Returns early (after finishing the batch in hand) when ``*dirty`` is set (the
  * control plane changed the tables) or the socket stayed idle for ``idle_s``.  ``rbuf``: BATCH x
  * STRIDE bytes; ``payloads``: BATCH x STRIDE bytes.  Returns the datagrams processed, or -1 when
- * the socket is unusable (closed: EBADF, ENOTSOCK): the caller stops serving. */
-int64_t hg_serve(int fd, const hg_src *srcs, int32_t nsrc, hg_job *jobs, int64_t *counters, double max_s,
-                 double idle_s, volatile int32_t *dirty, uint8_t *rbuf, uint8_t *payloads, void *scratch) {
+ * the socket is unusable (closed: EBADF, ENOTSOCK): the caller stops serving.  ``srcs`` index
+ * ``jobs[0 .. njobs)``; a result's job is found by its parent address (see result_down). */
+int64_t hg_serve(int fd, const hg_src *srcs, int32_t nsrc, hg_job *jobs, int32_t njobs, int64_t *counters,
+                 double max_s, double idle_s, volatile int32_t *dirty, uint8_t *rbuf, uint8_t *payloads, void *scratch) {
     outq *q = (outq *)scratch;
     q->n = 0;
     q->npay = 0;
@@ -381,7 +332,7 @@ int64_t hg_serve(int fd, const hg_src *srcs, int32_t nsrc, hg_job *jobs, int64_t
                 total++;
                 if (from[i].sin_family != AF_INET) { counters[C_RX]++; counters[D_UNKNOWN_SOURCE]++; continue; }
                 process(rbuf + (int64_t)i * STRIDE + at, len - at < seg ? len - at : seg, from[i].sin_addr.s_addr,
-                        from[i].sin_port, srcs, nsrc, jobs, counters, q);
+                        from[i].sin_port, srcs, nsrc, jobs, njobs, counters, q);
             }
         }
         flush(fd, q);
@@ -393,3 +344,4 @@ int64_t hg_serve(int fd, const hg_src *srcs, int32_t nsrc, hg_job *jobs, int64_t
 
 int64_t hg_scratch_size(void) { return (int64_t)sizeof(outq); }
 int32_t hg_n_counters(void) { return N_COUNTERS; }
+const char *hg_counter_names(void) { return COUNTER_NAMES; }

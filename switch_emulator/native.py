@@ -48,9 +48,10 @@ __all__ = ["AVAILABLE", "NativeEngine", "KeyView", "COUNTER_NAMES"]
 
 log = logging.getLogger("homagg.switch")
 
-#: the C counters, in the order of _dataplane.c's enum
-COUNTER_NAMES = ("rx", "tx", "accepted", "completed", "retransmit_answered") + tuple(
-    "drop_" + r for r in DROP_REASONS if r != "injected")
+#: the C counters, in the order of _dataplane.c's enum (the library says its own: hg_counter_names;
+#: a build whose list differs is stale, and the python engine serves, with a warning)
+COUNTER_NAMES = ("rx", "tx", "accepted", "completed", "retransmit_answered", "up", "retransmit_up",
+                 "result_down") + tuple("drop_" + r for r in DROP_REASONS if r != "injected")
 _BATCH, _STRIDE = 64, 65536 + 64
 
 
@@ -63,9 +64,11 @@ class _Job(ctypes.Structure):
     _fields_ = [("job_id", ctypes.c_int32), ("world", ctypes.c_int32), ("slot_base", ctypes.c_int32),
                 ("n_slots", ctypes.c_int32), ("k", ctypes.c_int32), ("token", ctypes.c_uint32),
                 ("regs", ctypes.c_void_p), ("bitmap", ctypes.c_void_p), ("count", ctypes.c_void_p),
-                ("key", ctypes.c_void_p), ("addr_ip", ctypes.c_void_p), ("addr_port", ctypes.c_void_p),
-                ("subscribed", ctypes.c_uint32), ("group_ip", ctypes.c_uint32), ("group_port", ctypes.c_uint32),
-                ("packets", ctypes.c_int64), ("completed", ctypes.c_int64)]
+                ("key", ctypes.c_void_p), ("down", ctypes.c_void_p), ("addr_ip", ctypes.c_void_p),
+                ("addr_port", ctypes.c_void_p), ("subscribed", ctypes.c_uint32), ("group_ip", ctypes.c_uint32),
+                ("group_port", ctypes.c_uint32), ("parent_ip", ctypes.c_uint32), ("parent_port", ctypes.c_uint32),
+                ("child_id", ctypes.c_int32), ("packets", ctypes.c_int64), ("completed", ctypes.c_int64),
+                ("results", ctypes.c_int64)]
 
 
 def _load() -> ctypes.CDLL | None:
@@ -73,14 +76,28 @@ def _load() -> ctypes.CDLL | None:
     if lib is None:
         return None
     vp = ctypes.c_void_p
-    lib.hg_serve.argtypes = [ctypes.c_int, vp, ctypes.c_int32, vp, vp, ctypes.c_double, ctypes.c_double,
-                             vp, vp, vp, vp]
+    lib.hg_serve.argtypes = [ctypes.c_int, vp, ctypes.c_int32, vp, ctypes.c_int32, vp, ctypes.c_double,
+                             ctypes.c_double, vp, vp, vp, vp]
     lib.hg_serve.restype = ctypes.c_int64
     lib.hg_scratch_size.restype = ctypes.c_int64
     lib.hg_n_counters.restype = ctypes.c_int32
-    if lib.hg_n_counters() != len(COUNTER_NAMES):
-        return None  # a stale build: the Python engine serves instead
+    built = _built_counters(lib)
+    if built != COUNTER_NAMES:
+        log.warning("native engine: the built library (%s) counts %s, this version %s: a stale build "
+                    "(rebuild: pip install -e .); the python engine serves", lib._name, ",".join(built) or "?",
+                    ",".join(COUNTER_NAMES))
+        return None
     return lib
+
+
+def _built_counters(lib: ctypes.CDLL) -> tuple[str, ...]:
+    """The counter names the built library keeps, in its order (empty: a build older than the names)."""
+    try:
+        names = lib.hg_counter_names
+    except AttributeError:
+        return ()
+    names.restype = ctypes.c_char_p
+    return tuple(names().decode().split(","))
 
 
 _LIB = _load()
@@ -106,6 +123,7 @@ def _to_native(job: JobState) -> None:
     if isinstance(job.key, KeyView):
         return
     n = len(job.bitmap)
+    job.down = np.array(job.down, dtype=np.uint8)  # type: ignore[assignment]
     keys = np.zeros((n, 5), dtype=np.int32)
     for i, k in enumerate(job.key):
         if k is not None:
@@ -172,11 +190,13 @@ class NativeEngine:
             ips = np.array([_ip(a[0]) if a else 0 for a in job.addrs], dtype=np.uint32)
             ports = np.array([_port(a[1]) if a else 0 for a in job.addrs], dtype=np.uint32)
             keep += [ips, ports]
-            g = job.group
+            g, up = job.group, s.parent
             structs[n] = _Job(s.job_id, s.world_size, s.slot_base, s.n_slots, s.words_per_packet, s.token,
                               job.regs.ctypes.data, job.bitmap.ctypes.data, job.count.ctypes.data,  # type: ignore[attr-defined]
-                              job.key.arr.ctypes.data, ips.ctypes.data, ports.ctypes.data,  # type: ignore[attr-defined]
-                              job.subscribed, _ip(g[0]) if g else 0, _port(g[1]) if g else 0, 0, 0)
+                              job.key.arr.ctypes.data, job.down.ctypes.data,  # type: ignore[attr-defined]
+                              ips.ctypes.data, ports.ctypes.data, job.subscribed, _ip(g[0]) if g else 0,
+                              _port(g[1]) if g else 0, _ip(up[0]) if up else 0, _port(up[1]) if up else 0,
+                              s.child_id, 0, 0, 0)
         by_src = list(switch.admission.by_src.items())
         srcs = (_Src * max(1, len(by_src)))()
         for n, ((ip, port), (job, wid)) in enumerate(by_src):
@@ -193,11 +213,11 @@ class NativeEngine:
         now = time.monotonic()
         for n, job in enumerate(self._jobs):
             st = self._structs[n]
-            if st.packets:
+            if st.packets or st.results:
                 job.packets += st.packets
                 job.completed += st.completed
                 job.last_seen = now
-                st.packets = st.completed = 0
+                st.packets = st.completed = st.results = 0
 
     def _sync_counters(self, switch: Any) -> None:
         c = self.counters
@@ -223,7 +243,7 @@ class NativeEngine:
                     self._rebuild(switch)
                     sig = now_sig
                 got = _LIB.hg_serve(fd, ctypes.addressof(self._srcs), self._nsrc, ctypes.addressof(self._structs),
-                                    self.counters.ctypes.data, 0.05, 0.02, self.dirty.ctypes.data,
+                                    len(self._jobs), self.counters.ctypes.data, 0.05, 0.02, self.dirty.ctypes.data,
                                     self._rbuf.ctypes.data, self._payloads.ctypes.data, self._scratch.ctypes.data)
                 self._sync_counters(switch)
                 self._sync_jobs()

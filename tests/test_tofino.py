@@ -24,6 +24,7 @@ from homagg import ConfigError
 from homagg.jobs import JobSpec, WorkerAddr
 from homagg.p4 import HostPort, SwitchConfig
 from homagg.p4 import _tofino, bfrt
+from homagg.p4.source import p4_constants
 
 #: words per pass documented in docs/p4-tofino.md and p4/tofino/tofino_config.p4
 WORDS = {"tofino": 28, "tofino2": 32}
@@ -46,9 +47,14 @@ def _switch() -> SwitchConfig:
     return SwitchConfig("s1", "127.0.0.1:50052", 0, "10.0.0.254", "02:48:41:00:00:fe", (1, 2, 3), hosts)
 
 
-def _job(words: int) -> JobSpec:
-    workers = tuple(WorkerAddr(i, f"10.0.0.{i + 1}", 18500 + i) for i in range(3))
-    return JobSpec(7, 3, slot_base=64, n_slots=32, words_per_packet=words, workers=workers, token=0xCAFEBABE)
+def _job(words: int, *, parent: tuple[str, int] | None = None, child_id: int = 0) -> JobSpec:
+    workers = tuple(WorkerAddr(i, f"10.0.0.{i + 1}", 18500 + i) for i in range(2 if parent else 3))
+    return JobSpec(7, len(workers), slot_base=64, n_slots=32, words_per_packet=words, workers=workers,
+                   token=0xCAFEBABE, parent=parent, child_id=child_id)
+
+
+#: trees: the parent's data address (host 3 of _switch) and this switch's worker id there
+PARENT = ("10.0.0.3", 18497)
 
 
 @pytest.mark.tofino
@@ -57,8 +63,9 @@ def test_fits_the_device(built: _tofino.TofinoBuild, record_property) -> None:
     assert built.binary.is_file() and built.binary.stat().st_size > 0
     assert r.stages == STAGES[built.target]
     assert 0 < r.stages_used <= r.stages
-    # one stateful ALU per word, plus the mark (missing set and key) and the offset check
-    assert r.stateful_alus == r.words_per_pass + 2
+    # one stateful ALU per word, plus the mark (missing set and key), the offset check and the
+    # trees' down bit
+    assert r.stateful_alus == r.words_per_pass + 3
     assert r.words_per_pass == r.parser_words == r.word_registers == WORDS[built.target]
     record_property("homagg_report", f"{built.target}: " + "; ".join(r.lines()) + f"; {built.seconds:.0f} s")
 
@@ -79,6 +86,25 @@ def test_control_plane_matches_bfrt_json(built: _tofino.TofinoBuild) -> None:
     assert n > 32 * 4 and len(tables) == 10
     with pytest.raises(ConfigError, match="words_per_packet"):
         bfrt.job_entries(sw, _job(words + 1), words=words)
+    # trees: a child's writes (its parent's results admitted, its uses addressed up) fit too
+    child = bfrt.job_entries(sw, _job(words, parent=PARENT, child_id=31), words=words)
+    assert bfrt.check_entries(doc, child) == len([w for w in child if not w.table.startswith("$pre.")])
+    assert {w.table for w in child if not w.table.startswith("$pre.")} - tables == {
+        "pipe.HomaggIngress.admission.from_parent", "pipe.HomaggIngress.admission.parent_token",
+        "pipe.HomaggEgress.rewrite.parent_rewrite"}
+
+
+@pytest.mark.tofino
+def test_tree_state_in_bfrt_json(built: _tofino.TofinoBuild) -> None:
+    """The child role's state as compiled: one 1-bit down register per cell, the tree_events
+    counter of configuration.p4's TREE_EVENTS, beside drop_reasons (with DROP_STALE_RESULT)."""
+    tables = {t["name"]: t for t in bfrt.load_bfrt(built.bfrt)["tables"]}
+    consts = p4_constants()
+    down = tables["pipe.HomaggIngress.completion.down"]
+    assert down["size"] == 2 * consts["SLOT_POOL_SIZE"].value
+    assert [d["singleton"]["type"]["width"] for d in down["data"]] == [1]
+    assert tables["pipe.HomaggIngress.replicate.tree_events"]["size"] == consts["TREE_EVENTS"].value
+    assert tables["pipe.HomaggIngress.replicate.drop_reasons"]["size"] == consts["DROP_REASONS"].value
 
 
 @pytest.mark.tofino
@@ -95,6 +121,32 @@ def test_check_entries_refuses_what_the_program_lacks(built: _tofino.TofinoBuild
     for w in bad:
         with pytest.raises(ConfigError):
             bfrt.check_entries(doc, [w])
+
+
+def test_child_job_entries() -> None:
+    """Trees: a child job's BF Runtime writes (no compiler): admission's child bit and the port
+    towards the parent, the parent's results admitted by address, job and token, the uses sent up
+    from the switch's data address to the parent's as worker child_id; a root's admit says child 0
+    and has none of these; a parent without a host entry is refused before anything is written."""
+    sw = _switch()
+    root = bfrt.job_entries(sw, _job(8), words=28)
+    child = bfrt.job_entries(sw, _job(8, parent=PARENT, child_id=31), words=28)
+    admits = [w.data for w in root if w.table.endswith("admission.admission")]
+    assert admits and all(d["child"] == 0 and d["parent_port"] == 0 for d in admits)
+    assert not [w for w in root if "parent" in w.table]
+    admits = [w.data for w in child if w.table.endswith("admission.admission")]
+    assert len(admits) == 2 and all(d["child"] == 1 and d["parent_port"] == 3 for d in admits)
+    by_table = {w.table.rsplit(".", 1)[1]: w for w in child}
+    src = {"hdr.ipv4.src_addr": 0x0A000003, "hdr.udp.src_port": 18497, "hdr.homagg.job_id": 7}
+    assert by_table["from_parent"].key == src
+    assert by_table["from_parent"].data == {"down_grp": by_table["admission"].data["mcast_grp"]}
+    assert by_table["parent_token"].key == {**src, "hdr.homagg.token": 0xCAFEBABE}
+    up = by_table["parent_rewrite"]
+    assert up.key == {"hdr.homagg.job_id": 7} and up.action == "HomaggEgress.rewrite.to_parent"
+    assert up.data == {"switch_mac": 0x024841_0000FE, "switch_ip": 0x0A0000FE, "parent_mac": 0x024841_000003,
+                       "parent_ip": 0x0A000003, "parent_port": 18497, "child_id": 31}
+    with pytest.raises(ConfigError, match="no host entry for 10.0.0.9"):
+        bfrt.job_entries(sw, _job(8, parent=("10.0.0.9", 18497), child_id=1), words=28)
 
 
 def test_build_refuses_unknown_target(tmp_path: Path) -> None:

@@ -80,20 +80,27 @@ class VerdictTable:
         assert default is not None
         self.default = default.group(1)
         self.actions: dict[str, tuple[int, int]] = {}
+        #: per action its statements' text (trees: which down RegisterAction it executes)
+        self.bodies: dict[str, str] = {}
         for name, body in re.findall(r"\baction\s+(\w+)\(\)\s*\{([^}]*)\}", src):
+            self.bodies[name] = body
             verdict = re.search(r"meta\.verdict\s*=\s*(VERDICT_\w+)\s*;", body)
             path = re.search(r"meta\.path\s*=\s*(PATH_\w+)\s*;", body)
             assert verdict and path, name
             self.actions[name] = (CONST[verdict.group(1)], CONST[path.group(1)])
         assert all(len(pats) == len(self.keys) for pats, _ in self.rows)
 
-    def __call__(self, key: dict[str, int]) -> tuple[int, int]:
-        """(verdict, path) of the first row matching ``key`` (by key name), else the default's."""
+    def action(self, key: dict[str, int]) -> str:
+        """The action of the first row matching ``key`` (by key name), else the default."""
         values = [key[k] for k in self.keys]
         for pats, act in self.rows:
             if all(_matches(p, v) for p, v in zip(pats, values, strict=True)):
-                return self.actions[act]
-        return self.actions[self.default]
+                return act
+        return self.default
+
+    def __call__(self, key: dict[str, int]) -> tuple[int, int]:
+        """(verdict, path) of the first row matching ``key`` (by key name), else the default's."""
+        return self.actions[self.action(key)]
 
 
 def _use_key_layout() -> list[int]:
@@ -131,7 +138,7 @@ def test_read_from_the_program() -> None:
     assert VERDICT.keys == ["meta.missing", "meta.use_pred", "meta.unseen", "meta.offset_max", "hdr.homagg.flags"]
     assert sum(KEY_WIDTHS) == 32  # one 32-bit half of each register pair
     preds = re.findall(r"this\.predicate\(\s*value\.(\w+)\s*==[^,]*,\s*value\.(\w+)\s*==", _source("use_key.p4"))
-    assert preds == [("offset", "key")] * 2  # pred = 1 << (offset equal + 2 * key equal)
+    assert preds == [("offset", "key")] * 3  # pred = 1 << (offset equal + 2 * key equal); trees: peek
     assert {PRED_OTHER, PRED_OTHER_SAME_OFFSET, PRED_SAME_OTHER_OFFSET, PRED_SAME} == {1, 2, 4, 8}
 
 

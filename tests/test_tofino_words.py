@@ -13,7 +13,7 @@ the parser states and the admission limit all follow N:
   ``tests/data/tofino8_before_fix``): 16 registers, but 8 words aggregated;
 * compiled (marker ``tofino``): for a spread of N by default, every supported N with
   ``HOMAGG_TOFINO_WORDS=all``: the compiled parser takes exactly c words for c <= N and none for
-  c > N, there are N word registers and N + 2 stateful ALUs, and the BF Runtime entries admit a
+  c > N, there are N word registers and N + 3 stateful ALUs, and the BF Runtime entries admit a
   job of N words per packet and refuse N + 1.
 """
 
@@ -108,7 +108,7 @@ def test_compiled_program_aggregates_its_word_count(tmp_path: Path, target: str,
     for c in range(1, P4_WORDS + 1):
         assert _compiled.parser_words(graph, c) == (list(range(c)) if c <= words else []), c
     r = built.resources
-    assert r.words_per_pass == words and r.stateful_alus == words + 2 and r.stages_used <= r.stages
+    assert r.words_per_pass == words and r.stateful_alus == words + 3 and r.stages_used <= r.stages
     doc = bfrt.load_bfrt(built.bfrt)
     limit = bfrt.compiled_words(built.out)
     sw = _switch()

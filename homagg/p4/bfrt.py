@@ -5,7 +5,12 @@
 that admit the job on the Tofino program: ``admission``, ``admitted_job``, ``admitted_token``,
 ``word_limit``, ``slot_range``, ``result_rewrite`` entries, the job's multicast group (PRE
 ``$pre.mgid`` / ``$pre.node``), and the register cells of the job's slot range cleared (the v1model
-program's epochs are not needed: BF Runtime writes registers).  :func:`switch_entries` gives the
+program's epochs are not needed: BF Runtime writes registers).  Trees (docs/trees.md): for a job
+with a ``parent`` (this switch is a *child*) the ``admit`` entries carry ``child = 1`` and the port
+towards the parent, and three more entries admit the parent's results and address the uses sent
+up: ``from_parent`` (the parent's data address and the job -> the job's group), ``parent_token``
+and the egress ``parent_rewrite`` (from the switch's data address to the parent's, as worker
+``child_id``); a root's (``parent`` None) are today's.  :func:`switch_entries` gives the
 service address, L2 entries and the flood group.  :func:`check_entries` validates writes against
 the compiled ``bfrt.json`` (table, key, action and data names; values fit their widths): the
 compiler's output is the oracle.  Sending them needs ``bf_switchd``'s gRPC server
@@ -28,7 +33,7 @@ from typing import Any
 from .._errors import ConfigError
 from ..jobs import JobSpec
 from ._controller import Controller
-from ._switches import SwitchConfig, ipv4_int, mac_int
+from ._switches import HostPort, SwitchConfig, ipv4_int, mac_int
 from ._compiled import compiled_words as _compiled_words
 from .source import p4_constants
 
@@ -36,7 +41,8 @@ __all__ = ["BfrtWrite", "job_entries", "switch_entries", "check_entries", "load_
 
 _IG = "pipe.HomaggIngress."
 _EG = "pipe.HomaggEgress."
-#: register pairs of a cell (2 per slot) and their fields, cleared when a job is admitted
+#: register pairs of a cell (2 per slot) and their fields, cleared when a job is admitted (the
+#: words and the down bit are not: each use's FIRST writes them before anything reads them)
 CELL_REGISTERS = {"bitmap_check.use_state": ("missing", "key"), "use_key.use_offset": ("offset", "key")}
 
 
@@ -85,8 +91,10 @@ def _group(mgid: int, replicas: list[tuple[int, int]]) -> list[BfrtWrite]:
 def job_entries(sw: SwitchConfig, job: JobSpec, *, words: int) -> list[BfrtWrite]:
     """The writes that admit ``job`` on a program of ``words`` words per pass (cleared cells first).
 
+    Both roles (docs/trees.md): a job with a ``parent`` is admitted as a child (see the module).
     Raises :class:`~homagg.ConfigError` when the job does not fit (slots beyond the pool, more
-    words per packet than ``words``, no service address, a worker without a host entry)."""
+    words per packet than ``words``, no service address, a worker or the parent without a host
+    entry)."""
     job.validate()
     pool = p4_constants()["SLOT_POOL_SIZE"].value
     if job.slot_base + job.n_slots > pool:
@@ -95,6 +103,8 @@ def job_entries(sw: SwitchConfig, job: JobSpec, *, words: int) -> list[BfrtWrite
         raise ConfigError(f"job {job.job_id}: words_per_packet {job.words_per_packet} > {words} (this Tofino build)")
     if not sw.service_ip or not sw.service_mac:
         raise ConfigError(f"switch {sw.name} has no service address: it cannot aggregate")
+    parent = sw.host(job.parent[0]) if job.parent is not None else None
+    child = {"child": int(parent is not None), "parent_port": parent.port if parent is not None else 0}
     out: list[BfrtWrite] = []
     for slot in job.slots:
         for cell in (2 * slot, 2 * slot + 1):
@@ -107,7 +117,7 @@ def job_entries(sw: SwitchConfig, job: JobSpec, *, words: int) -> list[BfrtWrite
         h = sw.host(w.ip)
         src = {"hdr.ipv4.src_addr": ipv4_int(w.ip), "hdr.udp.src_port": w.port}
         out.append(BfrtWrite(_IG + "admission.admission", src, "HomaggIngress.admission.admit",
-                             {"world_size": job.world_size, "mcast_grp": group, "worker_port": h.port}))
+                             {"world_size": job.world_size, "mcast_grp": group, "worker_port": h.port, **child}))
         ids = {**src, "hdr.homagg.job_id": job.job_id, "hdr.homagg.worker_id": w.worker_id}
         others = ((1 << job.world_size) - 1) & ~(1 << w.worker_id)  # the job's workers but this one
         out.append(BfrtWrite(_IG + "admission.admitted_job", ids, "HomaggIngress.admission.job_consistent",
@@ -127,7 +137,25 @@ def job_entries(sw: SwitchConfig, job: JobSpec, *, words: int) -> list[BfrtWrite
                          {"hdr.homagg.job_id": job.job_id,
                           "hdr.homagg.slot": (job.slot_base, job.slot_base + job.n_slots - 1),
                           "$MATCH_PRIORITY": 0}, "HomaggIngress.admission.slot_in_range"))
+    if parent is not None:
+        out += _child_entries(sw, job, parent, group)
     return out + _group(group, replicas)
+
+
+def _child_entries(sw: SwitchConfig, job: JobSpec, parent: HostPort, group: int) -> list[BfrtWrite]:
+    """Trees: the parent's results admitted (address, job, token) and the uses sent up addressed."""
+    assert job.parent is not None
+    ip, port = job.parent
+    src = {"hdr.ipv4.src_addr": ipv4_int(ip), "hdr.udp.src_port": port, "hdr.homagg.job_id": job.job_id}
+    return [
+        BfrtWrite(_IG + "admission.from_parent", src, "HomaggIngress.admission.parent_result", {"down_grp": group}),
+        BfrtWrite(_IG + "admission.parent_token", {**src, "hdr.homagg.token": job.token},
+                  "HomaggIngress.admission.parent_token_consistent"),
+        BfrtWrite(_EG + "rewrite.parent_rewrite", {"hdr.homagg.job_id": job.job_id}, "HomaggEgress.rewrite.to_parent",
+                  {"switch_mac": mac_int(sw.service_mac), "switch_ip": ipv4_int(sw.service_ip),
+                   "parent_mac": mac_int(parent.mac), "parent_ip": ipv4_int(ip), "parent_port": port,
+                   "child_id": job.child_id}),
+    ]
 
 
 def _fits(value: Any, width: int | None, what: str) -> None:

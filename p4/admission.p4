@@ -6,7 +6,11 @@
  *                  Other homagg-looking packets (e.g. results crossing a leaf switch) are forwarded.
  *   header checks, in the emulator's order: a whole homagg header (drop_short), version, op,
  *                  word_count >= 1 and equal to what the UDP length says and every word present
- *                  (drop_length), no RESULT flag (drop_result_flag).
+ *                  (drop_length).
+ *   results:       a packet with the RESULT flag is a result from a job's parent (trees,
+ *                  tree.p4) if parent_result knows (src ip, src udp port, job_id): the job's
+ *                  configuration (from_parent); else drop_result_flag.  Then, as for a member:
+ *                  drop_token, drop_word_count.
  *   admission:     source (ip, udp port) -> (job, worker) and the job's configuration; no entry:
  *                  drop_unknown_source; header job/worker differ: drop_admission_mismatch; header
  *                  token is not the one the controller installed with the job: drop_token (a
@@ -51,6 +55,36 @@ control Admission(inout headers_t hdr, inout metadata_t meta, in error parser_er
         meta.drop_reason = DROP_UNKNOWN_SOURCE;
     }
 
+    action from_parent(bit<16> slot_base, bit<16> n_slots, bit<8> world_size, bit<16> words_per_packet,
+                       bit<16> mcast_grp, bit<32> epoch, bit<32> token) {
+        meta.from_parent = true;
+        meta.job_id = hdr.homagg.job_id;
+        meta.slot_base = slot_base;
+        meta.n_slots = n_slots;
+        meta.world_size = world_size;
+        meta.words_per_packet = words_per_packet;
+        meta.mcast_grp = mcast_grp;
+        meta.epoch = epoch;
+        meta.token = token;
+    }
+
+    action result_flag() {
+        meta.drop_reason = DROP_RESULT_FLAG;
+    }
+
+    /* trees: the jobs for which this switch is a child, by the parent's data address (the
+     * emulator's admission.by_parent); installed by the controller with the job's admit entries */
+    table parent_result {
+        key = {
+            hdr.ipv4.src_addr   : exact;
+            hdr.udp.src_port    : exact;
+            hdr.homagg.job_id   : exact;
+        }
+        actions = { from_parent; @defaultonly result_flag; }
+        const default_action = result_flag();
+        size = ADMISSION_ENTRIES;
+    }
+
     table admission {
         key = {
             hdr.ipv4.src_addr : exact;
@@ -75,14 +109,18 @@ control Admission(inout headers_t hdr, inout metadata_t meta, in error parser_er
                        || (bit<32>) hdr.udp.length != 8 + (bit<32>) HEADER_LEN + ((bit<32>) hdr.homagg.word_count << 2)
                        || hdr.ipv4.total_len != 20 + hdr.udp.length) {
                 meta.drop_reason = DROP_LENGTH;
-            } else if ((hdr.homagg.flags & FLAG_RESULT) != 0) {
-                meta.drop_reason = DROP_RESULT_FLAG;
             } else {
-                admission.apply();
-                if (meta.drop_reason == DROP_NONE) {
-                    if (meta.job_id != hdr.homagg.job_id || meta.worker_id != hdr.homagg.worker_id) {
+                if ((hdr.homagg.flags & FLAG_RESULT) != 0) {
+                    parent_result.apply();
+                } else {
+                    admission.apply();
+                    if (meta.drop_reason == DROP_NONE
+                        && (meta.job_id != hdr.homagg.job_id || meta.worker_id != hdr.homagg.worker_id)) {
                         meta.drop_reason = DROP_ADMISSION_MISMATCH;
-                    } else if (meta.token != hdr.homagg.token) {
+                    }
+                }
+                if (meta.drop_reason == DROP_NONE) {
+                    if (meta.token != hdr.homagg.token) {
                         meta.drop_reason = DROP_TOKEN;
                     } else if (hdr.homagg.word_count > meta.words_per_packet) {
                         /* the controller admits words_per_packet <= P4_WORDS: this also drops the

@@ -9,7 +9,9 @@
  *   ADD/OP_OR  : cell := cell | payload
  *   ADD/OP_MAX : cell := signed max(cell, payload)  (unsigned compare with the sign bit flipped)
  * and the payload becomes the new cell value, so a completing packet carries the result.
- *   ANSWER : payload := cell (the stored result, for the unicast answer).
+ *   ANSWER : payload := cell (the stored result, for the unicast answer; at a child whose result
+ *            has not come down, the cell's combined words, sent up again: tree.p4).
+ *   a result from the parent (trees, tree.p4's ResultDown passed it): cell := payload.
  */
 #ifndef HOMAGG_COMBINE_P4
 #define HOMAGG_COMBINE_P4
@@ -40,7 +42,7 @@ control Combine(inout headers_t hdr, inout metadata_t meta) {
     action read_result() { FOR_EACH_WORD(READ_WORD) }
 
     apply {
-        if (meta.verdict == VERDICT_FIRST) {
+        if (meta.from_parent || meta.verdict == VERDICT_FIRST) {
             first_write();
         } else if (meta.verdict == VERDICT_ADD) {
             if (hdr.homagg.op == OP_ADD) {

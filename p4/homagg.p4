@@ -9,6 +9,8 @@
  *   slot_select.p4   slot inside the job's range; register cell = 2*slot + bank
  *   worker_bitmap.p4 verdict FIRST / ADD / ANSWER / DUPLICATE / STALE / CONFLICT
  *   counter.p4       completion count per cell; complete when it reaches the job's worker count
+ *   tree.p4          trees (docs/trees.md): a child sends a completed use up to its parent and
+ *                    passes the parent's result down to its workers (per-cell down bit)
  *   combine.p4       first write, then ADD (wrapping) / OR / MAX (signed) into the cell's words
  *   replicate.p4     multicast the result to the job's workers, or unicast a stored result to a
  *                    worker that retransmitted into a completed cell; egress rewrites addresses
@@ -31,6 +33,7 @@
 #include "slot_select.p4"
 #include "worker_bitmap.p4"
 #include "counter.p4"
+#include "tree.p4"
 #include "combine.p4"
 #include "replicate.p4"
 #include "forward.p4"

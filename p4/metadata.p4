@@ -5,7 +5,9 @@
 
 /* Invariants: drop_reason == DROP_NONE while a packet is still being aggregated; cell and
  * other_cell are 2*slot+bank and 2*slot+(1-bank), valid only after slot_select; count is the
- * cell's contribution count as read before this packet (after it, in completion). */
+ * cell's contribution count as read before this packet (after it, in completion); the job's
+ * configuration fields come from admit (a member's packet) or from_parent (a result from the
+ * parent), equal for one job; the tree fields after child_id are valid only when is_child. */
 struct metadata_t {
     bool    to_switch;       /* addressed to the aggregation service */
     bit<32> drop_reason;     /* DROP_* */
@@ -26,6 +28,18 @@ struct metadata_t {
     bit<8>  verdict;         /* VERDICT_* */
     bool    complete;        /* this packet completed the cell (FIRST/ADD), or it was (ANSWER) */
     bool    unicast;         /* answer only the sender */
+    /* trees (tree.p4, docs/trees.md) */
+    bool    from_parent;     /* a result from the job's parent (FLAG_RESULT, parent_result hit) */
+    bool    is_child;        /* the job has a parent at this switch (uplink hit): these below are set */
+    bool    down;            /* the cell's down bit as read by an ANSWER at a child */
+    bool    up;              /* this packet goes up to the parent (rewritten in ingress) */
+    bit<8>  child_id;        /* this switch's worker id at the parent */
+    bit<48> switch_mac;      /* this switch's data address: the up packet's source */
+    bit<32> switch_ip;
+    bit<48> parent_mac;      /* the parent's data address and the port towards it */
+    bit<32> parent_ip;
+    bit<16> parent_port;
+    bit<9>  uplink_port;
 }
 
 #endif

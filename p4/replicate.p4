@@ -2,13 +2,17 @@
  *
  * Stage 6 (switch_emulator/replication.py).  Ingress (Replicate), by verdict:
  *   FIRST/ADD that completed the cell -> multicast to the job's group (one replica per registered
- *                                        worker, replication id = worker_id, in worker order)
+ *                                        worker, replication id = worker_id, in worker order);
+ *                                        at a child (trees, tree.p4): up to the parent (TREE_UP)
  *   FIRST/ADD, cell not complete      -> absorbed (DROP_CONSUMED)
- *   ANSWER                            -> unicast the stored result back to the sender
+ *   ANSWER                            -> unicast the stored result back to the sender; at a child
+ *                                        whose result has not come down (down = 0): the cell's
+ *                                        words up again, FLAG_RETRANSMIT (TREE_RETRANSMIT_UP)
+ *   a result from the parent          -> multicast to the job's group, as a completion (TREE_RESULT_DOWN)
  *   DUPLICATE / STALE / CONFLICT      -> dropped with that reason; earlier stages' drops too
- *   Every drop is counted in drop_reasons[reason].
+ *   Every drop is counted in drop_reasons[reason], every tree event in tree_events[event].
  *
- * Egress (HomaggEgress): each copy is rewritten for its destination worker from result_rewrite
+ * Egress (HomaggEgress): an up packet leaves as ingress rewrote it; every other copy is rewritten for its destination worker from result_rewrite
  *   (job_id, worker) -> switch MAC/IP, worker MAC/IP/UDP port.  Results leave with
  *   flags = FLAG_RESULT, reserved = 0, worker_id = the destination worker, the job token as admitted (the
  *   packet that completed or asked for the cell passed admission), UDP source port HOMAGG_UDP_PORT,
@@ -22,18 +26,34 @@
 control Replicate(inout headers_t hdr, inout metadata_t meta,
                   inout standard_metadata_t standard_metadata) {
     counter(DROP_REASONS, CounterType.packets) drop_reasons;
+    counter(TREE_EVENTS, CounterType.packets) tree_events;
+    SendUp() send_up;
 
     apply {
+        bool go_up = false;
+        bit<8> up_flags = 0;
         if (meta.drop_reason == DROP_NONE) {
-            if (meta.verdict == VERDICT_FIRST || meta.verdict == VERDICT_ADD) {
-                if (meta.complete) {
-                    standard_metadata.mcast_grp = meta.mcast_grp;
-                } else {
+            if (meta.from_parent) {
+                standard_metadata.mcast_grp = meta.mcast_grp;
+                tree_events.count(TREE_RESULT_DOWN);
+            } else if (meta.verdict == VERDICT_FIRST || meta.verdict == VERDICT_ADD) {
+                if (!meta.complete) {
                     meta.drop_reason = DROP_CONSUMED;
+                } else if (meta.is_child) {
+                    go_up = true;
+                    tree_events.count(TREE_UP);
+                } else {
+                    standard_metadata.mcast_grp = meta.mcast_grp;
                 }
             } else if (meta.verdict == VERDICT_ANSWER) {
-                meta.unicast = true;
-                standard_metadata.egress_spec = meta.worker_port;
+                if (meta.is_child && !meta.down) {
+                    go_up = true;
+                    up_flags = FLAG_RETRANSMIT;
+                    tree_events.count(TREE_RETRANSMIT_UP);
+                } else {
+                    meta.unicast = true;
+                    standard_metadata.egress_spec = meta.worker_port;
+                }
             } else if (meta.verdict == VERDICT_DUPLICATE) {
                 meta.drop_reason = DROP_DUPLICATE;
             } else if (meta.verdict == VERDICT_STALE) {
@@ -41,6 +61,9 @@ control Replicate(inout headers_t hdr, inout metadata_t meta,
             } else {
                 meta.drop_reason = DROP_CONFLICT;
             }
+        }
+        if (go_up) {
+            send_up.apply(hdr, meta, standard_metadata, up_flags);
         }
         if (meta.drop_reason != DROP_NONE) {
             drop_reasons.count(meta.drop_reason);
@@ -89,6 +112,9 @@ control HomaggEgress(inout headers_t hdr, inout metadata_t meta,
 
     apply {
         if (meta.to_switch) {
+            if (meta.up) {
+                return;  /* an up packet to the parent: rewritten in ingress (tree.p4) */
+            }
             if (!meta.unicast) {
                 hdr.homagg.worker_id = (bit<8>) standard_metadata.egress_rid;
             }

@@ -8,6 +8,10 @@
  *                        POISON_OFFSET when poisoned (worker_bitmap.p4)
  *   pool_wNN[cell]       payload word NN of the combined result (NN = 00 .. 31)
  *   cell_epoch[cell]     the admission epoch of the job that wrote the cell's first contribution
+ *   down[cell]           trees, at a child: 1 once the parent's result of the current use came down
+ *                        (pool_wNN then hold the tree's result); 0 from the use's FIRST on
+ *                        (tree.p4).  No epoch needed: a cell of another epoch reads as never used,
+ *                        so its next packet is a FIRST, which clears down before it can matter.
  *
  * Zeroing without register writes: P4Runtime register writes are not implemented by PI (the
  * P4Runtime server of simple_switch_grpc), and simple_switch_grpc has no thrift server.  So every
@@ -24,6 +28,7 @@ register<bit<32>>(POOL_CELLS) worker_bitmap;
 register<bit<8>>(POOL_CELLS)  contributions;
 register<bit<64>>(POOL_CELLS) use_key;
 register<bit<32>>(POOL_CELLS) cell_epoch;
+register<bit<1>>(POOL_CELLS)  down;
 
 #define DECLARE_WORD(NN, I, N) register<bit<32>>(POOL_CELLS) pool_w##NN;
 FOR_EACH_WORD(DECLARE_WORD)

@@ -11,7 +11,10 @@ same wire) and performs each operation with :class:`homagg.p4.Controller` (``add
 ``remove_job``), one P4Runtime session per request.
 
 * ``admit``: picks a free job id and a free slot range of the P4 pool and a fresh token; writes
-  nothing yet (the P4 admission table is keyed by the workers' source addresses).
+  nothing yet (the P4 admission table is keyed by the workers' source addresses).  A job with a
+  ``parent`` (trees, docs/trees.md: the parent's data address, and the ``child_id`` this switch has
+  there; the tree's job id, token and slots are given) makes this switch a child for it: checked
+  at once (the parent needs a host entry), its uplink written with the workers' entries.
 * ``register``: adds the worker to the job and writes the job's entries for the workers registered
   so far (admission with the job's token, result rewrite, multicast replicas), always with the
   epoch chosen at admission, so registering one worker does not reset the cells of another.
@@ -188,7 +191,7 @@ class Bmv2ControlAgent:
             raise ValueError(f"job {spec.job_id} is already admitted")
         from homagg.p4 import Controller
 
-        Controller.check_job(spec)
+        Controller.check_job(spec, self.cfg)  # a child: this switch can send up to its parent
         with self._controller() as ctl:
             ctl.check_pipeline()  # the switch runs homagg.p4: worth admitting
         self.jobs[spec.job_id] = _Job(spec, Controller.new_epoch())

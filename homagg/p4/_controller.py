@@ -3,9 +3,10 @@
 :class:`Controller` is a :class:`~homagg.p4._session.P4RuntimeSession` (``push``,
 ``check_pipeline``, idempotent writes) plus: ``configure`` (service address, L2 entries, flood
 group), ``check_job`` (does a job fit the program), ``add_job`` (admission entries carrying the
-job's token, result rewrite, multicast group, an admission epoch), ``forget_source``, ``remove_job``
-and ``read_counters`` (drop reasons named as the emulator's counters, packets per
-admitted source).  Every operation is idempotent.
+job's token, result rewrite, multicast group, an admission epoch; for a job this switch is a
+child for, docs/trees.md, the parent's results and the uplink), ``forget_source``, ``remove_job``
+and ``read_counters`` (drop reasons and tree events named as the emulator's counters, packets
+per admitted source).  Every operation is idempotent.
 
 Registers are never written over P4Runtime: PI (the P4Runtime server in ``simple_switch_grpc``)
 answers register writes and reads with UNIMPLEMENTED, and ``simple_switch_grpc`` has no thrift
@@ -27,7 +28,7 @@ from ..jobs import JobSpec
 from ..wire import P4_WORDS
 from ._session import P4RuntimeSession
 from ._switches import SwitchConfig, ipv4_int, mac_int
-from .source import P4Const, drop_reason_names, p4_constants
+from .source import P4Const, drop_reason_names, p4_constants, tree_event_names
 
 __all__ = ["Controller"]
 
@@ -69,14 +70,22 @@ class Controller(P4RuntimeSession):
         self.write(ups)
 
     @staticmethod
-    def check_job(job: JobSpec) -> None:
+    def check_job(job: JobSpec, sw: SwitchConfig | None = None) -> None:
         """:class:`~homagg.ConfigError` unless ``job`` fits the P4 program: its slots inside the
-        pool (``SLOT_POOL_SIZE``), at most ``P4_WORDS`` words per packet.  Needs no switch."""
+        pool (``SLOT_POOL_SIZE``), at most ``P4_WORDS`` words per packet; given the switch ``sw``,
+        a job it is a child for (``job.parent``) needs ``sw``'s service address (the child's data
+        address, where the parent's results come back) and a host entry for the parent's IP (the
+        port and MAC its up packets take).  Needs no switch."""
         pool = p4_constants()["SLOT_POOL_SIZE"].value
         if job.slot_base + job.n_slots > pool:
             raise ConfigError(f"job {job.job_id}: slots [{job.slot_base}, +{job.n_slots}) exceed the P4 pool of {pool}")
         if job.words_per_packet > P4_WORDS:
             raise ConfigError(f"job {job.job_id}: words_per_packet {job.words_per_packet} > {P4_WORDS} (P4 target)")
+        if sw is not None and job.parent is not None:
+            if not sw.service_ip or not sw.service_mac:
+                raise ConfigError(f"job {job.job_id}: switch {sw.name} has no service address: it cannot be a child "
+                                  "in a tree (its data address is where the parent's results come back)")
+            sw.host(job.parent[0])
 
     def add_job(self, sw: SwitchConfig, job: JobSpec, *, epoch: int | None = None) -> None:
         """Admit ``job`` (every worker with an address): entries, multicast group, an epoch.
@@ -91,7 +100,7 @@ class Controller(P4RuntimeSession):
         step does not reset the cells of the workers already running.
         """
         job.validate()
-        self.check_job(job)
+        self.check_job(job, sw)
         if not sw.service_ip or not sw.service_mac:
             raise ConfigError(f"switch {sw.name} has no service address: it cannot aggregate")
         if epoch is None:
@@ -114,7 +123,35 @@ class Controller(P4RuntimeSession):
                  "worker_mac": mac_int(h.mac), "worker_ip": ipv4_int(w.ip), "worker_port": w.port})))
             replicas.append((h.port, w.worker_id))
         ups.append(("insert", self.multicast_entity(group, replicas)))
+        if job.parent is not None:
+            ups += [("insert", e) for e in self._child_entries(sw, job, group, epoch)]
         self.write(ups)
+
+    def _child_entries(self, sw: SwitchConfig, job: JobSpec, group: int, epoch: int) -> list[Any]:
+        """Trees (``p4/tree.p4``): the entries of a job this switch is a child for -- results from
+        the parent's data address admitted with the job's configuration (``parent_result``), and
+        the ``uplink``: this switch's worker id at the parent, its data address (service MAC/IP,
+        UDP port ``HOMAGG_UDP_PORT``), the parent's and the port towards it (its host entry)."""
+        assert job.parent is not None
+        parent_ip, parent_port = job.parent
+        h = sw.host(parent_ip)
+        return [
+            self.table_entry("parent_result", self._parent_key(job), "from_parent",
+                             {"slot_base": job.slot_base, "n_slots": job.n_slots, "world_size": job.world_size,
+                              "words_per_packet": job.words_per_packet, "mcast_grp": group, "epoch": epoch,
+                              "token": job.token}),
+            self.table_entry("uplink", {"meta.job_id": job.job_id}, "child",
+                             {"child_id": job.child_id, "switch_mac": mac_int(sw.service_mac or ""),
+                              "switch_ip": ipv4_int(sw.service_ip or ""), "parent_mac": mac_int(h.mac),
+                              "parent_ip": ipv4_int(parent_ip), "parent_port": parent_port,
+                              "uplink_port": h.port}),
+        ]
+
+    @staticmethod
+    def _parent_key(job: JobSpec) -> dict[str, int]:
+        assert job.parent is not None
+        return {"hdr.ipv4.src_addr": ipv4_int(job.parent[0]), "hdr.udp.src_port": job.parent[1],
+                "hdr.homagg.job_id": job.job_id}
 
     def forget_source(self, ip: str, port: int) -> None:
         """Delete the admission entry of source ``(ip, port)`` (none: nothing to do), e.g. a
@@ -135,10 +172,14 @@ class Controller(P4RuntimeSession):
             ups.append(("delete", self.table_entry("result_rewrite", {"hdr.homagg.job_id": job.job_id,
                                                                       "hdr.homagg.worker_id": w.worker_id})))
         ups.append(("delete", self.multicast_entity(self.mcast_group(job.job_id), [])))
+        if job.parent is not None:
+            ups.append(("delete", self.table_entry("parent_result", self._parent_key(job))))
+            ups.append(("delete", self.table_entry("uplink", {"meta.job_id": job.job_id})))
         self.write(ups, ignore_missing=True)
 
     def read_counters(self) -> dict[str, Any]:
-        """Drop reasons by emulator counter name, and per admitted source its packets."""
+        """Drop reasons and tree events (``up``, ``retransmit_up``, ``result_down``) by emulator
+        counter name, and per admitted source its packets."""
         out: dict[str, Any] = {}
         names = drop_reason_names()
         c = self.info.get("counters", "drop_reasons")
@@ -146,6 +187,12 @@ class Controller(P4RuntimeSession):
             idx = e.counter_entry.index.index
             if idx in names:
                 out[names[idx]] = e.counter_entry.data.packet_count
+        events = tree_event_names()
+        c = self.info.get("counters", "tree_events")
+        for e in self.read(lambda ent: setattr(ent.counter_entry, "counter_id", c.preamble.id)):
+            idx = e.counter_entry.index.index
+            if idx in events:
+                out[events[idx]] = e.counter_entry.data.packet_count
         t = self.info.get("tables", "admission")
         mf_names = {m.id: m.name for m in t.match_fields}
         p_names = {p.id: p.name for p in self.info.get("actions", "admit").params}

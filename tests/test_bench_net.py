@@ -80,3 +80,55 @@ def test_a_datagram_fills_one_frame_without_fragments(mtu: int) -> None:
 def test_an_mtu_veth_cannot_carry_is_refused(mtu: int) -> None:
     with pytest.raises(ConfigError, match="MTU"):
         StarNet(2, 1000.0, mtu)
+
+
+@pytest.mark.skipif(not ROOT_AND_TOOLS, reason="needs root and iproute2 (ip, tc) for network namespaces")
+def test_racks_tree_star_and_ring_exact_with_uplink_streams_counted(tmp_path: Path) -> None:
+    """``bench net --racks``: 2 racks of 3 workers, the tree, the star and gloo's ring on the same
+    tensors.  Every result exact, the tree's bit-identical to the star's; at each uplink (kernel
+    counters) the tree's up and down traffic is one worker's stream, the star's three (every worker
+    of the rack), gloo's ring one (its ring crosses each uplink once per direction)."""
+    before = _namespaces()
+    out = tmp_path / "records.json"
+    rc = main(["bench", "net", "--racks", "2", "--rack-size", "3", "--bw", "1000", "--numel", "300000",
+               "--density", "0.01,1", "--schemes", "dense", "--repeats", "2", "--timeout", "180",
+               "--out", str(tmp_path / "o"), "--json", str(out)])
+    assert rc == 0
+    records = json.loads(out.read_text())["records"]
+    assert sorted((r["density"], r["topology"]) for r in records) == [
+        (d, t) for d in (0.01, 1.0) for t in ("ring", "star", "tree")]
+    for r in records:
+        for name, types in RECORD_FIELDS.items():
+            assert isinstance(r[name], types), (name, r[name])
+        assert r["exact"] is True and r["world"] == 6 and r["racks"] == 2 and r["rack_size"] == 3
+        assert r["oversubscription"] == 3.0 and r["uplink_bw_mbit"] == 1000.0
+        streams = {"ring": 1, "tree": 1, "star": 3}[r["topology"]]
+        one = r["bytes_per_worker"]  # one worker's bytes per call (homagg: counted by its port)
+        for uplink in r["uplink_bytes_per_call"]:
+            for side in ("up", "down"):  # frames: payload + Ethernet/IP/UDP headers, + the barriers
+                assert streams * one <= uplink[side] <= streams * one * 1.1, (r["topology"], side, uplink, one)
+        assert r["uplink_streams"] == pytest.approx(streams, rel=0.1)
+        if r["method"] == "homagg":
+            assert r["engine"] in ("python", "native", "native+python") and r["speedup_vs_gloo"] is not None
+            assert (r["speedup_vs_star"] is not None) == (r["topology"] == "tree")
+    for density in (0.01, 1.0):
+        tree, star = ([r for r in records if r["density"] == density and r["topology"] == t] for t in ("tree", "star"))
+        assert tree[0]["result_digest"] == star[0]["result_digest"]  # a tree's sum is one switch's, bit for bit
+    table = (tmp_path / "o" / "table.md").read_text()
+    assert "| 2 x 3 | 300,000 | 1 | homagg/dense | tree |" in table
+    assert _namespaces() - before == set()
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--racks", "2", "--world", "4"], "--world"),
+    (["--racks", "2", "--baselines", "gloo,gloo-sparse"], "--baselines"),
+    (["--racks", "2", "--rack-size", "33"], "--rack-size"),
+    (["--racks", "0"], "--racks"),
+    (["--racks", "2", "--uplink-bw", "0"], "--uplink-bw"),
+    (["--racks", "2", "--topologies", "ring"], "--topologies"),
+])
+def test_bad_racks_options_are_refused_before_anything_starts(options: list[str], message: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A ConfigError naming the option (exit 2), checked before root is asked for or a namespace made."""
+    assert main(["bench", "net", "--bw", "1000", "--numel", "1000", *options]) == 2
+    assert message in capsys.readouterr().err

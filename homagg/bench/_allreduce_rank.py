@@ -31,6 +31,7 @@ import json
 import os
 import resource
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -104,7 +105,11 @@ def check_result(result: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor,
     return ok, float(err.max()) if err.numel() else 0.0
 
 
-def _counters(pg: Any) -> tuple[int, int, dict[str, int] | None, int] | None:
+#: (rounds, bytes sent, the port's :data:`RETX_KEYS` counters or None, pipelined segments)
+Counters = tuple[int, int, dict[str, int] | None, int]
+
+
+def _counters(pg: Any) -> Counters | None:
     """(rounds, bytes sent, the port's :data:`RETX_KEYS` counters or None, pipelined segments) of a
     homagg group so far; None for other backends."""
     stats = getattr(pg, "stats", None)
@@ -151,7 +156,16 @@ def _reduce(buf: torch.Tensor) -> torch.Tensor:
 
 
 def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, block: int,
-                sparse: bool = False) -> dict[str, Any]:
+                sparse: bool = False, *, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                counters: Callable[[], Counters | None] | None = None, switch_pids: list[int] | None = None,
+                traffic: Callable[[], dict[str, int]] | None = None) -> dict[str, Any]:
+    """One configuration's warm-up and timed calls (the record line of this rank).
+
+    By default a call is ``dist.all_reduce`` through ``pg``, its counters the homagg group's and the
+    switch's CPU :func:`switch_pid`'s; ``bench net --racks`` passes its own ``reduce`` (ports at the
+    switches of a tree or a star), ``counters``, ``switch_pids`` (every emulator of the arrangement:
+    their CPU summed) and ``traffic`` (byte counters read by rank 0 just before the first timed call
+    and after the last: their increase per call is the line's ``traffic``)."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -165,26 +179,34 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
     cpu_user: list[float] = []  # of them, user
     cpu_sys: list[float] = []  # and system (kernel)
     faults: list[int] = []  # its minor page faults in each timed call
-    switch = switch_pid(pg) if rank == 0 else None
-    switch_cpu: list[float] | None = [] if switch is not None else None  # the emulator's CPU seconds per call
+    if switch_pids is None:
+        pid = switch_pid(pg)
+        switch_pids = [] if pid is None else [pid]
+    switches = switch_pids if rank == 0 and switch_pids else None
+    switch_cpu: list[float] | None = [] if switches is not None else None  # the emulators' CPU seconds per call
     digests: list[str] = []
     ok, max_err = True, 0.0
-    before = _counters(pg)
+    read_counters = counters if counters is not None else lambda: _counters(pg)
+    call_once = reduce if reduce is not None else _reduce
+    before = read_counters()
+    bytes_before: dict[str, int] = {}
     for call in range(1 + repeats):
         if call == 1:
-            before = _counters(pg)  # stats of the timed calls only (the warm-up is call 0)
+            before = read_counters()  # stats of the timed calls only (the warm-up is call 0)
         buf = x.clone()
-        sw0 = process_cpu(switch) if switch is not None else None
+        sw0 = _cpu_of(switches) if switches is not None else None
+        if call == 1 and traffic is not None and rank == 0:
+            bytes_before = traffic()
         dist.barrier()
         use0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
-        buf = _reduce(buf)
+        buf = call_once(buf)
         elapsed = time.perf_counter() - t0
         use1 = resource.getrusage(resource.RUSAGE_SELF)
         # Every rank has finished the timed call before any rank checks or digests its result: on a
         # shared host a fast rank's checking would otherwise steal CPU from a rank still in the call.
         dist.barrier()
-        sw1 = process_cpu(switch) if switch is not None else None
+        sw1 = _cpu_of(switches) if switches is not None else None
         if call:
             times.append(elapsed)
             user, system = use1.ru_utime - use0.ru_utime, use1.ru_stime - use0.ru_stime
@@ -196,7 +218,7 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
                 if sw0 is None or sw1 is None:  # the emulator went away: no figure
                     switch_cpu = None
                 else:
-                    switch_cpu.append(sum(sw1) - sum(sw0))
+                    switch_cpu.append(sw1 - sw0)
         if sparse:
             buf = buf.to_dense()
         digests.append(hashlib.blake2b(buf.numpy()).hexdigest())
@@ -206,10 +228,12 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
         del buf
         # progress: every stdout line resets the launcher's stall timer (a slow configuration is no hang)
         print(f"call {call} of {repeats} done ({numel} elements, density {density})", flush=True)
-    after = _counters(pg)
+    moved = {k: (v - bytes_before[k]) / max(1, repeats) for k, v in traffic().items()} \
+        if traffic is not None and rank == 0 else None
+    after = read_counters()
     out: dict[str, Any] = {"numel": numel, "density": density, "times": times, "cpu": cpu, "cpu_user": cpu_user,
                            "cpu_sys": cpu_sys, "faults": faults, "switch_cpu": switch_cpu,
-                           "digests": digests,
+                           "digests": digests, "traffic": moved,
                            "load_avg": list(load), "rounds": None, "bytes": None, "segments": None,
                            **dict.fromkeys(RETX_KEYS)}
     if sparse:
@@ -224,6 +248,17 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
     if rank == 0:
         out.update(within_bound=ok, max_abs_err=max_err)
     return out
+
+
+def _cpu_of(pids: list[int]) -> float | None:
+    """User + system CPU seconds so far of every process in ``pids``; None if one cannot be read."""
+    total = 0.0
+    for pid in pids:
+        cpu = process_cpu(pid)
+        if cpu is None:
+            return None
+        total += sum(cpu)
+    return total
 
 
 def rank_main(args: argparse.Namespace) -> int:

@@ -26,6 +26,11 @@ loss (this kernel has no ``netem``): the comparison is about bandwidth only.
 Output folder: ``records.json``, ``table.md`` and ``speedup-w<W>.png`` per world size (speedup
 vs density, one panel per (bandwidth, numel), each method's physical-limit speedup dotted in
 its colour).
+
+``--racks R[,R...]`` runs two tiers instead (:mod:`homagg.bench._net_racks`): R racks of
+``--rack-size`` workers under a spine, uplinks shaped to ``--uplink-bw``; the aggregation tree
+(an emulator at every leaf and a root at the spine) vs one emulator at the spine (the star) vs
+gloo's ring, with the bytes crossing each uplink per call.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from ._allreduce import _floats, _machine, _measure, _sweep, add_sweep_arguments
 from ..transport._fastpath import gso_env
 from ..wire import words_for_mtu
 from ._load import BackgroundLoad, describe_load
+from ._net_racks import add_racks_arguments, run_racks
 from ._netns import MAX_MTU, MTU, REPLICATIONS, StarNet, require_root
 from ._report import load_range, out_folder, write_report
 
@@ -60,7 +66,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_replication_argument(parser)
     add_sweep_arguments(parser, timeout=600.0)
     parser.add_argument("--quick", action="store_true",
-                        help="1 Gbit/s, 2 hosts, numel 1M, density 0.01 and 1.0, schemes auto,dense, 3 repeats")
+                        help="1 Gbit/s, 2 hosts, numel 1M, density 0.01 and 1.0, schemes auto,dense, 3 repeats "
+                             "(with --racks: the hosts of the racks)")
+    add_racks_arguments(parser)
     parser.set_defaults(isolate=False)
 
 
@@ -129,13 +137,15 @@ def plot_net(records: Sequence[dict[str, Any]], path: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.quick:
         for key, value in QUICK.items():
-            if getattr(args, key) is None:
+            if getattr(args, key) is None and not (key == "world" and args.racks is not None):
                 setattr(args, key, value)
         args.bw = args.bw or [1000.0]
     bws = args.bw or [100.0, 1000.0, 10000.0]
     for bw in bws:
         opt.positive("--bw", bw, "Mbit/s")
     opt.count("--mtu", args.mtu, 1280, MAX_MTU, why="bytes")
+    if args.racks is not None:
+        return run_racks(args, bws)
     sweep = _sweep(args)
     require_root()
     out_dir = out_folder(args.out, "net")

@@ -43,7 +43,8 @@ from ..wire import words_for_mtu
 from ._cpu import SWITCH_PID_ENV
 from ._ranks import launch_ranks
 
-__all__ = ["StarNet", "SWITCH_IP", "MTU", "REPLICATIONS", "require_root"]
+__all__ = ["StarNet", "SWITCH_IP", "MTU", "REPLICATIONS", "require_root", "shape", "start_emulator", "stop_emulator",
+           "delete_namespaces"]
 
 SWITCH_IP = "10.77.255.1"
 BRIDGE = "br0"  #: the switch host's bridge; every ``hs<r>`` is one of its ports
@@ -75,6 +76,62 @@ def _in(ns: str, *cmd: str) -> None:
     res = subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True, timeout=30)
     if res.returncode:
         raise HomAggError(f"[{ns}] {' '.join(cmd)}: {res.stderr.strip()}")
+
+
+def shape(ns: str, dev: str, bw_mbit: float, mtu: int) -> None:
+    """``tc tbf`` on ``dev``'s egress in namespace ``ns``: ``bw_mbit`` Mbit/s, a burst of a few frames."""
+    rate_bytes = bw_mbit * 1e6 / 8
+    burst = max(64 * 1024, 2 * mtu, int(rate_bytes / 250))  # a few frames, ~4 ms at rate
+    _in(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{bw_mbit}mbit", "burst", str(burst),
+        "latency", "50ms")
+
+
+def start_emulator(ns: str, ip: str, port: int, secret: str, *, multicast: bool,
+                   engine: str = "auto") -> subprocess.Popen[str]:
+    """A ``switch_emulator`` process in namespace ``ns``: data on ``ip:port``, control on ``ip:port + 1``,
+    results to job groups (``multicast``) or one send per member; returns once it printed its ready
+    line (:class:`HomAggError` after 60 s or a ready line that does not match).  Stopped by
+    :func:`stop_emulator` (or its stdin closing: ``--watch-stdin``)."""
+    cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "switch_emulator",
+           "--listen", f"{ip}:{port}", "--control", f"{ip}:{port + 1}", "--engine", engine,
+           "--ready-json", "--quiet", "--watch-stdin", "--log-level", "error",
+           "--multicast" if multicast else "--no-multicast"]
+    env = {**os.environ, SECRET_ENV: secret}
+    env.pop(SECRET_FILE_ENV, None)
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(60)
+    if not line or not line[0].strip():
+        stop_emulator(proc)
+        raise HomAggError(f"bench net: the emulator did not start in {ns} within 60 s")
+    ready = json.loads(line[0])
+    if ready.get("multicast") != multicast:
+        stop_emulator(proc)
+        raise HomAggError(f"bench net: the emulator's result multicast is {ready.get('multicast')}, "
+                          f"asked for {multicast}")
+    return proc
+
+
+def stop_emulator(proc: subprocess.Popen[str]) -> None:
+    """Stop an emulator :func:`start_emulator` started (stdin closed, SIGTERM, SIGKILL after 10 s)."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def delete_namespaces(made: list[str]) -> None:
+    """Delete the namespaces in ``made``, last first, emptying it (their veths and bridges go with them)."""
+    while made:
+        subprocess.run(["ip", "netns", "del", made.pop()], capture_output=True, timeout=30)
 
 
 class StarNet:
@@ -112,10 +169,7 @@ class StarNet:
         self.close()
 
     def _shape(self, ns: str, dev: str) -> None:
-        rate_bytes = self.bw_mbit * 1e6 / 8
-        burst = max(64 * 1024, 2 * self.mtu, int(rate_bytes / 250))  # a few frames, ~4 ms at rate
-        _in(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{self.bw_mbit}mbit",
-            "burst", str(burst), "latency", "50ms")
+        shape(ns, dev, self.bw_mbit, self.mtu)
 
     def _build(self) -> None:
         sw = self.switch_ns
@@ -148,39 +202,15 @@ class StarNet:
         _in(sw, "ip", "link", "set", BRIDGE, "mtu", str(self.mtu), "up")
 
     def _start_emulator(self) -> None:
-        cmd = ["ip", "netns", "exec", self.switch_ns, sys.executable, "-m", "switch_emulator",
-               "--listen", f"{SWITCH_IP}:{SWITCH_PORT}", "--control", f"{SWITCH_IP}:{SWITCH_PORT + 1}",
-               "--ready-json", "--quiet", "--watch-stdin", "--log-level", "error",
-               "--multicast" if self.replication == "multicast" else "--no-multicast"]
-        env = {**os.environ, SECRET_ENV: self.secret}
-        env.pop(SECRET_FILE_ENV, None)
-        self.emulator = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(self.emulator.stdout.readline()  # type: ignore[union-attr]
-                                                             ), daemon=True)
-        reader.start()
-        reader.join(60)
-        if not line or not line[0].strip():
-            raise HomAggError(f"bench net: the emulator did not start in {self.switch_ns} within 60 s")
-        ready = json.loads(line[0])
-        if ready.get("multicast") != (self.replication == "multicast"):
-            raise HomAggError(f"bench net: the emulator's result multicast is {ready.get('multicast')}, "
-                              f"asked for replication={self.replication!r}")
+        self.emulator = start_emulator(self.switch_ns, SWITCH_IP, SWITCH_PORT, self.secret,
+                                       multicast=self.replication == "multicast")
 
     def close(self) -> None:
         """Stop the emulator and delete every namespace created (idempotent)."""
         if self.emulator is not None:
-            if self.emulator.stdin is not None:
-                self.emulator.stdin.close()
-            self.emulator.terminate()
-            try:
-                self.emulator.wait(10)
-            except subprocess.TimeoutExpired:
-                self.emulator.kill()
-                self.emulator.wait(10)
+            stop_emulator(self.emulator)
             self.emulator = None
-        while self._made:
-            subprocess.run(["ip", "netns", "del", self._made.pop()], capture_output=True, timeout=30)
+        delete_namespaces(self._made)
 
     # ------------------------------------------------------------------ ranks
     def rank_env(self, rank: int) -> dict[str, str]:

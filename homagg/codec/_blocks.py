@@ -31,7 +31,7 @@ import torch
 from . import _hostops, _native
 from .._buffers import WordPool
 from .._errors import NonFiniteError
-from ._fixedpoint import EMPTY_EXPONENT, _pow2, precision_bits
+from ._fixedpoint import EMPTY_EXPONENT, _pow2, precision_bits, to_limbs
 
 __all__ = ["exponents", "quantize", "dequantize_into", "decodes_in_float32", "float32_grid"]
 
@@ -104,24 +104,28 @@ def exponents(flat: torch.Tensor, block_size: int) -> torch.Tensor:
 
 
 def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size: int,
-             mask: torch.Tensor | None = None) -> torch.Tensor:
-    """int32 grid words of every element of the blocks (all, or those flagged in ``mask``)."""
+             mask: torch.Tensor | None = None, words: int = 1) -> torch.Tensor:
+    """Flat int32 grid words of every element of the blocks (all, or those flagged in ``mask``):
+    one per element, or with ``words = 2`` each element's two limbs in turn (low, high; see
+    :func:`homagg.codec._fixedpoint.quantize_words`: the grid integers, ``< 2**P2``, are exact in
+    the work type too, and the native kernels, which write one int32 word, are skipped)."""
     work = torch.float64 if flat.dtype == torch.float64 else torch.float32
     lo, hi = (-1022, 1023) if work == torch.float64 else (-126, 127)
-    p = precision_bits(world_size)
+    p = precision_bits(world_size, words)
     limit = float(2**p - 1) if work == torch.float64 else _float32_limit(p)
+    grid = torch.int32 if words == 1 else torch.int64
     if mask is None:
-        if flat.dtype == torch.float32 and _native_float32(flat):
+        if words == 1 and flat.dtype == torch.float32 and _native_float32(flat):
             out = torch.from_numpy(_WORDS.take(flat.numel()))
             f1, f2, limit = float32_grid(exps, world_size)
             _native.quantize32(flat.numpy(), block_size, f1.numpy(), None if f2 is None else f2.numpy(), limit,
                                out.numpy())
             return out
-        out = torch.empty(flat.numel(), dtype=torch.int32, device=flat.device)
+        out = torch.empty(flat.numel(), dtype=grid, device=flat.device)
     else:
         per_block = torch.full((exps.numel(),), block_size, dtype=torch.int64, device=flat.device)
         per_block[-1] = flat.numel() - (exps.numel() - 1) * block_size
-        out = torch.empty(int(per_block[mask].sum()), dtype=torch.int32, device=flat.device)
+        out = torch.empty(int(per_block[mask].sum()), dtype=grid, device=flat.device)
     at = 0
     for sl, view in _parts(flat, block_size):
         e = exps[sl]
@@ -133,9 +137,9 @@ def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size
         if f2 is not None:
             x.mul_(f2.unsqueeze(1))
         n = x.numel()
-        out[at:at + n].view_as(x).copy_(x.round_().clamp_(-limit, limit))  # exact: integers below 2**31
+        out[at:at + n].view_as(x).copy_(x.round_().clamp_(-limit, limit))  # exact: integers below 2**P
         at += n
-    return out
+    return out if words == 1 else to_limbs(out, 2).reshape(-1)
 
 
 def decodes_in_float32(exps: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -147,23 +151,27 @@ def decodes_in_float32(exps: torch.Tensor, world_size: int) -> torch.Tensor:
     return (shift.min() >= -126) & (shift.max() <= 127)
 
 
-def _decode_shift(exps: torch.Tensor, world_size: int) -> torch.Tensor:
+def _decode_shift(exps: torch.Tensor, world_size: int, words: int = 1) -> torch.Tensor:
     e = exps.to(torch.int64)
-    return torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - precision_bits(world_size))
+    return torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - precision_bits(world_size, words))
 
 
 def dequantize_into(out: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, world_size: int,
-                    block_size: int, float32_path: bool | None = None) -> int | None:
+                    block_size: int, float32_path: bool | None = None, words: int = 1) -> int | None:
     """Write the decoded values of the flat int32 ``sums`` (every element) into flat ``out``;
     return ``count_nonzero(sums)`` where the native kernel counted it in the same pass, else None.
+    ``words = 2``: ``sums`` are the int64 grid sums of wide words
+    (:func:`homagg.codec._fixedpoint.join_words`), decoded in float64 (exact), rounded once.
 
     float32 output whose every block has ``E - P >= -126`` (all results normal or zero) takes a
     float32 path: int32 -> float32 rounds once (to nearest even) and the power-of-two scaling is
     exact, which is the same single rounding as the float64 path; other cases use float64.
     ``float32_path``: :func:`decodes_in_float32`'s value where the caller read it already.
     """
-    shift = _decode_shift(exps, world_size)
-    if float32_path is None and out.dtype == torch.float32:
+    shift = _decode_shift(exps, world_size, words)
+    if words == 2:
+        float32_path = False
+    elif float32_path is None and out.dtype == torch.float32:
         float32_path = bool(decodes_in_float32(exps, world_size))
     fast = out.dtype == torch.float32 and bool(float32_path)
     if fast and _native_float32(out, sums) and sums.dtype == torch.int32:

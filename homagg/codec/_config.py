@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ConfigError
+from ._fixedpoint import PRECISIONS
 
-__all__ = ["CodecConfig", "SCHEMES", "check_scheme"]
+__all__ = ["CodecConfig", "SCHEMES", "PRECISIONS", "check_scheme"]
 
 #: the codec's schemes, the one definition (the CLI, the torch backend and the benchmarks import it)
 SCHEMES: tuple[str, ...] = ("auto", "sketch", "compact", "dense")
@@ -58,6 +59,13 @@ class CodecConfig:
                      (two per segment in steady state) and launches.  Every worker of a call must
                      segment alike: a job mixing CPU and CUDA tensors sets it explicitly (else its
                      ranks disagree about the call and raise ``RankMismatchError``).
+    precision        int32 words per float value.  ``"single"``: one word, ``P = 31 - ceil(log2 W)``
+                     bits below each block's exponent.  ``"wide"``: two words (the integer path's
+                     16-bit limbs), ``P2 = 47 - ceil(log2 W)`` bits: twice the value words and
+                     bytes, an error of at most one float32 rounding at the block's scale
+                     (docs/trees.md).  ``"auto"`` (default): wide where single words keep fewer
+                     than float32's 24 bits (``W > 128``), else single
+                     (:func:`homagg.codec._fixedpoint.float_words`).  Integers are exact either way.
     """
 
     block_size: int = 1024
@@ -73,6 +81,7 @@ class CodecConfig:
     segment: int | None = None
     bitmap_levels: int | None = None
     guess_window: bool = True
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -87,6 +96,8 @@ class CodecConfig:
             raise ConfigError(f"union_sample must be a positive int, got {self.union_sample!r}")
         if self.bitmap_levels not in (None, 1, 2) or isinstance(self.bitmap_levels, bool):
             raise ConfigError(f"bitmap_levels must be 1, 2 or None (cost model), got {self.bitmap_levels!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if not isinstance(self.guess_window, bool):
             raise ConfigError(f"guess_window must be True or False, got {self.guess_window!r}")
         for name in ("peel_ns", "dense_ns", "compact_ns"):

@@ -42,8 +42,8 @@ class Decoding:
         """Values of this call's dtype from the combined ``sums`` (U, L) at ``positions``."""
         if self.is_float:
             assert self.exponents is not None
-            return _fixedpoint.dequantize(positions, sums[:, 0], self.exponents, self.cfg.block_size,
-                                          self.world_size, self.dtype)
+            return _fixedpoint.dequantize(positions, _fixedpoint.join_words(sums), self.exponents,
+                                          self.cfg.block_size, self.world_size, self.dtype, words=self.limbs)
         return _fixedpoint.from_limbs(sums, self.dtype)
 
     def read_dense(self, sums: torch.Tensor, bad: torch.Tensor | None) -> dict[str, int]:
@@ -54,7 +54,7 @@ class Decoding:
         if not self.device_path:
             return {"redo": int(bool(redo))}
         union = torch.count_nonzero(sums.any(dim=1) if self.limbs > 1 else sums)
-        if self.dtype != torch.float32:
+        if self.dtype != torch.float32 or self.limbs > 1:
             return self.fetch(redo=redo, union=union)
         assert self.exponents is not None
         return self.fetch(redo=redo, union=union, float32_path=_blocks.decodes_in_float32(self.exponents,
@@ -73,8 +73,9 @@ class Decoding:
         if self.is_float:
             assert self.exponents is not None
             path = known.get("float32_path")
-            counted = _blocks.dequantize_into(out, sums.reshape(-1), self.exponents, self.world_size,
-                                              self.cfg.block_size, None if path is None else bool(path))
+            counted = _blocks.dequantize_into(out, _fixedpoint.join_words(sums.reshape(-1, self.limbs)),
+                                              self.exponents, self.world_size, self.cfg.block_size,
+                                              None if path is None else bool(path), self.limbs)
         else:
             out.copy_(_fixedpoint.from_limbs(sums, self.dtype))
         if "union" in known:
@@ -121,7 +122,7 @@ class Decoding:
             out = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
         if positions.numel():
             factor = None
-            if self.dtype == torch.float32:
+            if self.dtype == torch.float32 and self.limbs == 1:
                 assert self.exponents is not None
                 factor = _fixedpoint.float32_factors(self.exponents, self.world_size, in_range=in_range)
             if factor is not None:  # decoded straight into the result (what decode + scatter_ give)

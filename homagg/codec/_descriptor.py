@@ -37,15 +37,19 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64,
 _LOW = (1 << 31) - 1
 
 
-def _dtype_code(dtype: torch.dtype) -> int:
-    return _DTYPES.index(dtype) + 1 if dtype in _DTYPES else 0
+_WIDE = 16  #: added to a float dtype's code when its values travel as two words (``precision``)
+
+
+def _dtype_code(dtype: torch.dtype, float_words: int = 1) -> int:
+    return (_DTYPES.index(dtype) + 1 + _WIDE * (float_words - 1)) if dtype in _DTYPES else 0
 
 
 def describe(numel: int, dtype: torch.dtype, scheme: str, world_size: int, streams: Sequence[Stream],
-             device: torch.device) -> Stream:
-    """The descriptor stream of a call whose first round carries ``streams``."""
+             device: torch.device, float_words: int = 1) -> Stream:
+    """The descriptor stream of a call whose first round carries ``streams`` (``float_words``:
+    words per float value, part of the dtype field: ranks that differ in ``precision`` disagree)."""
     words = sum(s.length for s in streams)
-    values = [_VERSION, numel & _LOW, numel >> 31, _dtype_code(dtype),
+    values = [_VERSION, numel & _LOW, numel >> 31, _dtype_code(dtype, float_words),
               SCHEMES.index(scheme) + 1 if scheme in SCHEMES else 0, world_size, words & _LOW, words >> 31]
     field = torch.tensor(values, dtype=torch.int32)
     return Stream(NAME, CombineOp.MAX, torch.cat([field, ~field]).to(device), verify=check)
@@ -53,7 +57,9 @@ def describe(numel: int, dtype: torch.dtype, scheme: str, world_size: int, strea
 
 def _name(key: str, value: int) -> str:
     if key == "dtype":
-        return str(_DTYPES[value - 1]) if 0 < value <= len(_DTYPES) else f"dtype #{value}"
+        wide, code = divmod(value, _WIDE)
+        name = str(_DTYPES[code - 1]) if 0 < code <= len(_DTYPES) and wide < 2 else f"dtype #{value}"
+        return name + " in two words" if wide == 1 else name
     if key == "scheme":
         return SCHEMES[value - 1] if 0 < value <= len(SCHEMES) else f"scheme #{value}"
     return f"{value:,}"

@@ -15,7 +15,14 @@ final conversion adds at most half an ulp of the output.  For float32 output and
     |result - exact sum| <= W * 2M * 2**-P + 2**-24 * W * M <= W * 2**-22 * M
 
 For larger W the first term grows as ``W * 2**(h-30) * M``.  float64 results carry only the
-quantisation term; float16/bfloat16 results add their own final rounding.  Values already on the
+quantisation term; float16/bfloat16 results add their own final rounding.
+
+Wide words (``CodecConfig.precision``, :func:`float_words`): two int32 words per value, the limbs
+of the integer path (``q & 0xFFFF`` unsigned, ``q >> 16`` signed) with ``P2 = 47 - h`` bits; limb
+sums fit int32 (W <= 2**15) and ``low + high * 2**16`` (``< 2**47``) is exact in float64, rounded
+once.  The W workers' quantisation error ``W * 2M * 2**-P2 = 2**(2h-46) M`` (``2**-26 M`` at W =
+1024) stays, with the steady window (:func:`guess_slack`), within ``2**-24 M``: one float32
+rounding at the block's scale (an fp32 ring makes W - 1).  Float32 results add half an ulp.  Values already on the
 grid (multiples of ``2**(E-P)``, e.g. small integers) are summed exactly, and the integer sums are
 identical for every scheme, so every scheme returns bit-identical results.
 
@@ -35,6 +42,8 @@ __all__ = [
     "float32_factors",
     "EMPTY_EXPONENT",
     "precision_bits",
+    "PRECISIONS",
+    "float_words",
     "is_float_dtype",
     "limb_count",
     "check_finite",
@@ -48,6 +57,8 @@ __all__ = [
     "changed_counts",
     "float32_in_range",
     "quantize",
+    "quantize_words",
+    "join_words",
     "quantize_into_slots",
     "places_natively",
     "dequantize",
@@ -60,9 +71,30 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
 
-def precision_bits(world_size: int) -> int:
-    """P = 31 - ceil(log2(world_size)): fraction bits each worker may use without overflow."""
-    return 31 - (world_size - 1).bit_length()
+#: ``CodecConfig.precision``'s values: words per float value by the world size, one, or two
+PRECISIONS: tuple[str, ...] = ("auto", "single", "wide")
+
+
+def precision_bits(world_size: int, words: int = 1) -> int:
+    """Fraction bits each worker may use without overflow: ``P = 31 - ceil(log2(world_size))`` in
+    one int32 word, ``P2 = 47 - ceil(log2(world_size))`` in two (a 16-bit unsigned low limb and a
+    signed high limb whose sum over the workers fits int32)."""
+    assert words in (1, 2), words
+    return 31 + 16 * (words - 1) - (world_size - 1).bit_length()
+
+
+def float_words(precision: str, world_size: int) -> int:
+    """int32 words per float value: 2 for ``"wide"``, 1 for ``"single"``; ``"auto"``: 2 where one
+    word keeps fewer than float32's 24 significant bits below a block's exponent (``P < 24``:
+    ``W > 128``, where homagg's error on real gradients exceeds an fp32 ring's), else 1.  Depends
+    on agreed inputs only: every worker of a job decides alike."""
+    if precision == "wide":
+        return 2
+    if precision == "single":
+        return 1
+    if precision != "auto":
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return 2 if precision_bits(world_size) < 24 else 1
 
 
 def is_float_dtype(dtype: torch.dtype) -> bool:
@@ -73,10 +105,11 @@ def is_float_dtype(dtype: torch.dtype) -> bool:
     raise InputError(f"homagg aggregates float16/bfloat16/float32/float64 and integer tensors, not {dtype}")
 
 
-def limb_count(dtype: torch.dtype) -> int:
-    """Words per element: 1 for floats, 4 for int64, 2 for narrower integers."""
+def limb_count(dtype: torch.dtype, float_words: int = 1) -> int:
+    """Words per element: ``float_words`` (:func:`float_words`) for floats, 4 for int64, 2 for
+    narrower integers."""
     if is_float_dtype(dtype):
-        return 1
+        return float_words
     return 4 if dtype == torch.int64 else 2
 
 
@@ -122,14 +155,27 @@ def block_exponents(idx: torch.Tensor, values: torch.Tensor, numel: int, block_s
     return torch.where(peak == 0, torch.full_like(e, EMPTY_EXPONENT), e)
 
 
-def guess_slack(world_size: int) -> int:
-    """Precision bits the error bound leaves unused: ``max(0, P - 24)`` (5 at W = 4, 0 at W >= 128).
+#: the steady window of wide words where the bound allows it: single words' at W = 4
+WIDE_SLACK = 5
 
-    The bound needs 24 bits below a block's agreed exponent ``E`` (see the module docstring), and
-    words carry ``P``: quantising under any common exponent ``G`` with ``E <= G <= E + slack``
-    keeps every element within the bound (the grid unit is at most ``2M * 2**-24``) and every sum
-    inside int32 (``|x| < 2**E <= 2**G``).
+
+def guess_slack(world_size: int, words: int = 1) -> int:
+    """Precision bits the error bound leaves unused.
+
+    One word: ``max(0, P - 24)`` (5 at W = 4, 0 at W >= 128).  The bound needs 24 bits below a
+    block's agreed exponent ``E`` (see the module docstring), and words carry ``P``: quantising
+    under any common exponent ``G`` with ``E <= G <= E + slack`` keeps every element within the
+    bound (the grid unit is at most ``2M * 2**-24``) and every sum inside int32 (``|x| < 2**E <=
+    2**G``).
+
+    Two words: ``min(max(WIDE_SLACK, P - 24), P2 - 25 - h)`` (7 at W = 1, 5 from W = 4 to 256, 4 at
+    512, 2 at 1024): never narrower than single words' window, and the W workers' quantisation
+    error under ``G <= E + slack``, ``W * 2**(G-P2) <= 2**(E-25) <= 2**-24 M``, stays within one
+    float32 rounding at the block's scale.
     """
+    if words == 2:
+        room = precision_bits(world_size, 2) - 25 - (world_size - 1).bit_length()
+        return max(0, min(max(WIDE_SLACK, precision_bits(world_size) - 24), room))
     return max(0, precision_bits(world_size) - 24)
 
 
@@ -223,20 +269,39 @@ def _block_of(idx: torch.Tensor, block_size: int) -> torch.Tensor:
     return idx >> (block_size.bit_length() - 1) if block_size & (block_size - 1) == 0 else idx // block_size
 
 
-def quantize(idx: torch.Tensor, values: torch.Tensor, exponents: torch.Tensor, block_size: int, world_size: int) -> torch.Tensor:
-    """int32 grid values of ``values`` (float64) at flat positions ``idx`` under agreed exponents."""
-    p = precision_bits(world_size)
+def quantize(idx: torch.Tensor, values: torch.Tensor, exponents: torch.Tensor, block_size: int, world_size: int,
+             words: int = 1) -> torch.Tensor:
+    """Grid values of ``values`` (float64) at flat positions ``idx`` under agreed exponents: int32
+    (one word per value), or int64 below ``2**P2`` (``words = 2``; :func:`quantize_words` splits
+    them; the native kernel, which writes int32, is skipped)."""
+    p = precision_bits(world_size, words)
     e = exponents.to(torch.int64)
     # No value lies in a block whose exponent is EMPTY; keep its (unused) shift in range.
     shift = torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), p - e)
     limit = float(2**p - 1)
-    if (_native.AVAILABLE and idx.device.type == "cpu" and values.dtype == torch.float64 and idx.dtype == torch.int64
-            and idx.is_contiguous() and values.is_contiguous()):  # one pass in C, the same float64 steps
+    if (words == 1 and _native.AVAILABLE and idx.device.type == "cpu" and values.dtype == torch.float64
+            and idx.dtype == torch.int64 and idx.is_contiguous() and values.is_contiguous()):  # one C pass, same steps
         f1, f2 = _block_factors(shift)
         return torch.from_numpy(_native.quantize_at64(idx.numpy(), values.numpy(), block_size, f1.numpy(),
                                                       None if f2 is None else f2.numpy(), limit))
     q = torch.round(_scale_by_block(values, _block_of(idx, block_size), shift)).clamp_(-limit, limit)
-    return q.to(torch.int32)
+    return q.to(torch.int32 if words == 1 else torch.int64)
+
+
+def quantize_words(idx: torch.Tensor, values: torch.Tensor, exponents: torch.Tensor, block_size: int,
+                   world_size: int, words: int = 1) -> torch.Tensor:
+    """(n, words) int32 words of :func:`quantize`: the grid value itself, or its two limbs
+    (:func:`to_limbs`: low 16 bits unsigned, ``q >> 16`` signed)."""
+    q = quantize(idx, values, exponents, block_size, world_size, words)
+    return q.unsqueeze(1) if words == 1 else to_limbs(q, 2)
+
+
+def join_words(sums: torch.Tensor) -> torch.Tensor:
+    """(n, L) combined words of floats -> (n,) exact grid sums: the one column (int32), or for two
+    words ``low + high * 2**16`` in int64 (``|.| < 2**47``: exact in float64 too)."""
+    if sums.shape[1] == 1:
+        return sums[:, 0]
+    return sums[:, 0].to(torch.int64) + (sums[:, 1].to(torch.int64) << 16)
 
 
 def places_natively(idx: torch.Tensor, values: torch.Tensor, words: torch.Tensor, block_size: int) -> bool:
@@ -262,21 +327,22 @@ def quantize_into_slots(idx: torch.Tensor, values: torch.Tensor, exponents: torc
 
 
 def dequantize(idx: torch.Tensor, sums: torch.Tensor, exponents: torch.Tensor, block_size: int, world_size: int,
-               dtype: torch.dtype, in_range: bool | None = None) -> torch.Tensor:
-    """Combined int32 grid sums at positions ``idx`` -> values of ``dtype`` (one final rounding);
-    ``in_range`` as :func:`float32_factors`."""
-    shift = _dequantize_shift(exponents, world_size)
+               dtype: torch.dtype, in_range: bool | None = None, words: int = 1) -> torch.Tensor:
+    """Combined grid sums at positions ``idx`` (int32; for two words :func:`join_words`'s int64)
+    -> values of ``dtype`` (one final rounding); ``in_range`` as :func:`float32_factors`."""
+    shift = _dequantize_shift(exponents, world_size, words)
     blk = _block_of(idx, block_size)
-    factor = float32_factors(exponents, world_size, shift, in_range) if dtype == torch.float32 else None
+    factor = (float32_factors(exponents, world_size, shift, in_range)
+              if dtype == torch.float32 and words == 1 else None)
     if factor is not None:
         return sums.to(torch.float32) * factor.index_select(0, blk)
     return _scale_by_block(sums.to(torch.float64), blk, shift).to(dtype)
 
 
-def _dequantize_shift(exponents: torch.Tensor, world_size: int) -> torch.Tensor:
+def _dequantize_shift(exponents: torch.Tensor, world_size: int, words: int = 1) -> torch.Tensor:
     e = exponents.to(torch.int64)
     # A block whose exponent is EMPTY can only hold zero sums; keep its shift in range.
-    return torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - precision_bits(world_size))
+    return torch.where(e == EMPTY_EXPONENT, torch.zeros_like(e), e - precision_bits(world_size, words))
 
 
 def float32_in_range(exponents: torch.Tensor, world_size: int) -> torch.Tensor:

@@ -4,8 +4,9 @@ A protocol yields a round (a list of :class:`~homagg.transport.Stream`), receive
 words, and finally returns the result tensor.  It never knows how words travel.
 
 First call of a tensor (no :class:`~homagg.History` entry; floats; integers have no exponent
-stream; ``n`` elements, ``U`` distinct nonzeros over all workers, ``L`` words per element, ``B``
-elements per exponent block):
+stream; ``n`` elements, ``U`` distinct nonzeros over all workers, ``L`` words per element (floats:
+1, or 2 with wide words, ``CodecConfig.precision``; integers: their limbs), ``B`` elements per
+exponent block):
 
 =========  ===============================================  ================================
 scheme     rounds                                           words sent per worker
@@ -178,7 +179,8 @@ def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats) -> Pr
     except StopIteration as stop:  # a protocol that needed no round
         return stop.value
     # the descriptor's words stay on the host whatever the input's device: checking them reads no device
-    head = _descriptor.describe(w.numel, w.dtype, scheme, w.world_size, first, torch.device("cpu"))
+    head = _descriptor.describe(w.numel, w.dtype, scheme, w.world_size, first, torch.device("cpu"),
+                                w.limbs if w.is_float else 1)
     stats.bytes_per_stream[head.name] += 4 * head.length
     combined = yield [head, *first]
     if not combined:

@@ -46,7 +46,8 @@ class Worker(Decoding):
         self.world_size = world_size
         self.dtype = tensor.dtype
         self.is_float = _fixedpoint.is_float_dtype(tensor.dtype)
-        self.limbs = _fixedpoint.limb_count(tensor.dtype)
+        #: int32 words per value: a float's one or two (``cfg.precision``), an integer's limbs
+        self.limbs = _fixedpoint.limb_count(tensor.dtype, _fixedpoint.float_words(cfg.precision, world_size))
         self.numel = tensor.numel()
         self.device = tensor.device
         self.like: torch.Tensor | None = None  # the sparse input whose layout the result takes
@@ -127,8 +128,8 @@ class Worker(Decoding):
         if self._grid is None:
             if self.is_float:
                 assert self.exponents is not None
-                q = _fixedpoint.quantize(self.idx, self.raw, self.exponents, self.cfg.block_size, self.world_size)
-                self._grid = q.unsqueeze(1)
+                self._grid = _fixedpoint.quantize_words(self.idx, self.raw, self.exponents, self.cfg.block_size,
+                                                        self.world_size, self.limbs)
             else:
                 self._grid = _fixedpoint.to_limbs(self.raw, self.limbs)
         return self._grid
@@ -182,7 +183,7 @@ class Worker(Decoding):
         the previous maximum, all of them as tolerance; (0, 0) with ``guess_window`` off."""
         if not self.cfg.guess_window:
             return 0, 0
-        slack = _fixedpoint.guess_slack(self.world_size)
+        slack = _fixedpoint.guess_slack(self.world_size, self.limbs if self.is_float else 1)
         return slack // 2, slack
 
     def guess(self, previous: torch.Tensor) -> torch.Tensor:
@@ -279,7 +280,8 @@ class Worker(Decoding):
         if self.idx.numel():
             assert self._quantized, "quantize() first"
             bs = self.cfg.block_size
-            if self._grid is None and self.is_float and _fixedpoint.places_natively(self.idx, self.raw, words, bs):
+            if (self._grid is None and self.is_float and self.limbs == 1
+                    and _fixedpoint.places_natively(self.idx, self.raw, words, bs)):
                 # quantised straight into the union's slots: no slot, grid or scatter pass
                 assert self.exponents is not None
                 _fixedpoint.quantize_into_slots(self.idx, self.raw, self.exponents, bs, self.world_size, words,
@@ -303,8 +305,8 @@ class Worker(Decoding):
         values = self.flat.index_select(0, positions)
         if self.is_float:
             assert self.exponents is not None
-            return _fixedpoint.quantize(positions, values.to(torch.float64), self.exponents, self.cfg.block_size,
-                                        self.world_size).unsqueeze(1)
+            return _fixedpoint.quantize_words(positions, values.to(torch.float64), self.exponents,
+                                              self.cfg.block_size, self.world_size, self.limbs)
         return _fixedpoint.to_limbs(values, self.limbs)
 
     def dense_values(self, blocks: torch.Tensor | None = None) -> torch.Tensor:
@@ -318,7 +320,8 @@ class Worker(Decoding):
             return values.reshape(-1)
         if self.is_float:
             assert self.exponents is not None
-            return _blocks.quantize(self.flat, self.exponents, self.world_size, self.cfg.block_size, blocks)
+            return _blocks.quantize(self.flat, self.exponents, self.world_size, self.cfg.block_size, blocks,
+                                    self.limbs)
         flat = self.flat if blocks is None else self.flat[self.block_positions(blocks)]
         return _fixedpoint.to_limbs(flat, self.limbs).reshape(-1)
 
@@ -327,7 +330,7 @@ class Worker(Decoding):
         :class:`~homagg.codec._dense_source.QuantizedWords` source, which a native datapath
         quantises straight into its datagrams (no words tensor), else the words themselves."""
         assert self._quantized, "quantize() first"
-        if self.flat is not None and self.is_float and _dense_source.fills_natively(self.flat):
+        if self.flat is not None and self.is_float and self.limbs == 1 and _dense_source.fills_natively(self.flat):
             assert self.exponents is not None
             source = _dense_source.QuantizedWords(self.flat, self.exponents, self.world_size, self.cfg.block_size)
             return Stream(name, CombineOp.ADD, None, source=source)

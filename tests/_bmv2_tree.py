@@ -2,15 +2,15 @@
 
 :class:`Bmv2Tree` starts one ``simple_switch_grpc`` per switch of a :class:`~homagg.tree.TreePlan`
 (ports on veth pairs named ``<prefix>...``: port 1 of a child is its uplink, wired to port
-``child_id + 2`` of its parent; port 2 of a leaf leads to its ranks), pushes the build and admits the job at every switch
-in its role with :class:`homagg.p4.Controller` (a child: ``parent`` = its parent's data address
-``(service IP, 18497)``, its ``child_id``).  The ranks are played by this process: one AF_PACKET
-socket on the far end of each leaf's rank link sends every rank's Ethernet / IPv4 / UDP frames and
-reads the results that come back.  :meth:`Bmv2Tree.combine` is an
-:class:`~homagg.transport.InProcessSwitch` combiner: a round's streams cut into chunks exactly as
-:class:`homagg.testing.TreeNetwork` cuts them (one use of a (slot, bank) cell per chunk, windows
-of ``n_slots`` uses alternating the banks), every rank sends every chunk of a window, a rank still
-missing a result after ``rto`` seconds resends it flagged ``FLAG_RETRANSMIT`` (the transport's
+``child_id + 2`` of its parent; port 2 of a leaf leads to its ranks), pushes the build and admits
+the job at every switch in its role with :class:`homagg.p4.Controller` (a child: ``parent`` = its
+parent's data address ``(service IP, 18497)``, its ``child_id``).  The ranks are played by this
+process: one AF_PACKET socket on the far end of each leaf's rank link sends every rank's Ethernet /
+IPv4 / UDP frames and reads the results that come back.  :meth:`Bmv2Tree.combine` (inherited from
+:class:`homagg.testing.TreeNetwork`) is an :class:`~homagg.transport.InProcessSwitch` combiner: a
+round's streams cut into chunks (one use of a (slot, bank) cell per chunk, windows of ``n_slots``
+uses alternating the banks); here every rank sends every chunk of a window, a rank still missing
+a result after ``rto`` seconds resends it flagged ``FLAG_RETRANSMIT`` (the transport's
 worker-clocked recovery), so the switches see the packets a real job sends them.
 
 ``faults`` (:class:`homagg.testing.HopFaults`: seeded drop and duplicate rates per hop kind) loses
@@ -34,16 +34,14 @@ import socket
 import struct
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from homagg.jobs import JobSpec, WorkerAddr
-from homagg.testing import HOPS, HopFaults, ResultMismatchError
-from homagg.transport import Stream
+from homagg.testing import HOPS, HopFaults, ResultMismatchError, TreeNetwork
 from homagg.tree import TreePlan
 from homagg.wire import (FLAG_RESULT, FLAG_RETRANSMIT, HEADER_LEN, HOMAGG_UDP_PORT, pack_header_into, payload_view,
                          unpack_header)
@@ -78,8 +76,9 @@ def _ipv4_udp(src: tuple[str, int], dst: tuple[str, int], payload: bytes) -> byt
     return ip + struct.pack("!HHHH", src[1], dst[1], 8 + len(payload), 0) + payload
 
 
-class Bmv2Tree:
-    """The switches of ``plan`` as BMv2 processes on veth pairs (see the module docstring)."""
+class Bmv2Tree(TreeNetwork):
+    """The switches of ``plan`` as BMv2 processes on veth pairs (see the module docstring); the
+    round's chunking is :class:`~homagg.testing.TreeNetwork`'s, the network is BMv2."""
 
     def __init__(self, plan: TreePlan, built: Any, folder: Path, *, words_per_packet: int = 32, n_slots: int = 8,
                  job_id: int = 7, token: int = 0x5EED1234, rto: float = 0.4, max_resends: int = 20,
@@ -218,7 +217,7 @@ class Bmv2Tree:
         return out
 
     # -- the ranks -------------------------------------------------------------------------------
-    def _send(self, rank: int, dgram: bytes) -> None:
+    def _send_frame(self, rank: int, dgram: bytes) -> None:
         leaf, _wid = self._place[rank]
         frame = (bytes.fromhex(switch_mac(leaf).replace(":", "")) + bytes.fromhex(rank_mac(rank).replace(":", ""))
                  + b"\x08\x00" + _ipv4_udp((rank_ip(rank), RANK_PORT), (switch_ip(leaf), HOMAGG_UDP_PORT), dgram))
@@ -266,28 +265,10 @@ class Bmv2Tree:
             if done():
                 return
 
-    def combine(self, rounds: list[Sequence[Stream]]) -> list[torch.Tensor]:
-        """Every rank's streams of one round through the BMv2 tree; the combined streams."""
-        world = self.plan.world_size
-        words = [[s.materialize().cpu().numpy().astype(np.int32) for s in streams] for streams in rounds]
-        chunks = [(i, off, min(self.k, s.length - off), int(s.op))
-                  for i, s in enumerate(rounds[0]) for off in range(0, s.length, self.k)]
-        outs = [[np.empty(s.length, dtype=np.int32) for s in rounds[0]] for _ in range(world)]
-        for w0 in range(0, len(chunks), self.n_slots):
-            window = chunks[w0:w0 + self.n_slots]
-            bank = (self._use // self.n_slots) & 1
-            heads = [(j, bank, (self._use + j) & 0xFFFF, off, wc, op, stream)
-                     for j, (stream, off, wc, op) in enumerate(window)]
-            self._window(words, heads, outs)
-            self._use += len(window)
-        results = [torch.from_numpy(o) for o in outs[0]]
-        for r in range(1, world):
-            for i, o in enumerate(outs[r]):
-                if not np.array_equal(o, outs[0][i]):
-                    raise ResultMismatchError(f"bmv2 tree: rank {r}'s stream {i} differs from rank 0's")
-        return results
-
-    def _window(self, words: list[list[np.ndarray]], heads: list[tuple[int, ...]], outs: list[list[np.ndarray]]) -> None:
+    def _run_window(self, words: list[list[np.ndarray]], heads: list[tuple[int, ...]],
+                    outs: list[list[np.ndarray]]) -> None:
+        """One window of uses (:meth:`TreeNetwork.combine` cuts the round and calls this): every rank
+        sends its chunks, then those still missing a result after ``rto`` again, flagged."""
         world = self.plan.world_size
         buf = bytearray(HEADER_LEN + 4 * self.k)
         order = [(r, h) for h in heads for r in range(world)]
@@ -307,7 +288,7 @@ class Bmv2Tree:
                 pack_header_into(buf, op, FLAG_RETRANSMIT if attempt else 0, self.job_id, self._place[r][1], wc, bank,
                                  slot, tag, off & 0xFFFFFFFF, self.token)
                 payload_view(buf, wc)[:] = words[r][stream][off:off + wc]
-                self._send(r, bytes(buf[:HEADER_LEN + 4 * wc]))
+                self._send_frame(r, bytes(buf[:HEADER_LEN + 4 * wc]))
             self._receive(inbox, time.monotonic() + self.rto, lambda: all(key(j) in inbox[r] for r, j in missing))
             for r, j in list(missing):
                 got = inbox[r].get(key(j))

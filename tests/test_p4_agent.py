@@ -76,14 +76,16 @@ def built(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 
 
 @contextlib.contextmanager
-def _bmv2_with_agent(folder: Path, built: Any) -> Iterator[tuple[Bmv2ControlAgent, str, str]]:
+def _bmv2_with_agent(folder: Path, built: Any, cfg_of: Any = _cfg,
+                     ports: tuple[int, ...] = (1,)) -> Iterator[tuple[Bmv2ControlAgent, str, str]]:
     """A ``simple_switch_grpc`` (pcap ports) with the build pushed and configured, and its control
-    agent started: (agent, its control address, its secret)."""
+    agent started: (agent, its control address, its secret); ``cfg_of(grpc address)`` is its
+    :class:`SwitchConfig`."""
     from homagg.p4 import Controller
     from homagg.p4._pcap_switch import PcapSwitch
 
-    with PcapSwitch(folder, [1], {}, grpc_port=free_port(), bmv2_args=("--log-level", "off")) as sw:
-        cfg = _cfg(sw.grpc_addr)
+    with PcapSwitch(folder, ports, {}, grpc_port=free_port(), bmv2_args=("--log-level", "off")) as sw:
+        cfg = cfg_of(sw.grpc_addr)
         with Controller(cfg.grpc, 0, p4info=built.p4info, bmv2_json=built.json, timeout=10) as ctl:
             ctl.push()
             ctl.configure(cfg)

@@ -300,45 +300,37 @@ def test_agent_admits_a_child_job(tmp_path: Path, built) -> None:  # noqa: ANN00
     """``admit`` with a parent, ``register``: the switch holds the job's uplink (child id, its own
     data address, the parent's, the port towards it) and the parent's results entry, with the
     admission's epoch and the job's token; ``remove`` deletes both."""
+    from functools import partial
+
     from homagg.p4 import Controller
-    from homagg.p4._pcap_switch import PcapSwitch
     from homagg.p4._switches import ipv4_int, mac_int
     from homagg.transport import ControlClient
-    from tests._dist_scripts._launch import free_port
-    from tests.test_p4_agent import _agent
+    from tests.test_p4_agent import _bmv2_with_agent
 
-    with PcapSwitch(tmp_path, [1, 2], {}, grpc_port=free_port(), bmv2_args=("--log-level", "off")) as sw:
-        cfg = _agent_cfg(sw.grpc_addr, True)
-        with Controller(cfg.grpc, 0, p4info=built.p4info, bmv2_json=built.json, timeout=10) as ctl:
-            ctl.push()
-            ctl.configure(cfg)
-        agent, addr, secret = _agent(sw, cfg, built=built)
-        agent.start()
-        try:
-            with ControlClient(addr, timeout=10, secret=secret) as client:
-                job = client.admit(world_size=1, n_slots=4, words_per_packet=8, parent=PARENT, child_id=3,
-                                   job_id=9, slot_base=16, token=0x5151)
-                assert job.parent == PARENT and job.child_id == 3
-                client.register(job.job_id, 0, ("10.0.0.1", 40000))
-                with Controller(cfg.grpc, 0, p4info=built.p4info, bmv2_json=built.json, timeout=10,
-                                election_id=2) as ctl:
-                    up = _entries(ctl, "uplink")
-                    down = _entries(ctl, "parent_result")
-                assert up == [({"meta.job_id": 9}, {"child_id": 3, "switch_mac": mac_int(SERVICE_MAC),
-                                                    "switch_ip": ipv4_int(SERVICE_IP), "parent_mac": mac_int(PARENT_MAC),
-                                                    "parent_ip": ipv4_int(PARENT[0]), "parent_port": PARENT[1],
-                                                    "uplink_port": 2})]
-                assert down == [({"hdr.ipv4.src_addr": ipv4_int(PARENT[0]), "hdr.udp.src_port": PARENT[1],
-                                  "hdr.homagg.job_id": 9},
-                                 {"slot_base": 16, "n_slots": 4, "world_size": 1, "words_per_packet": 8,
-                                  "mcast_grp": Controller.mcast_group(9), "epoch": agent.jobs[9].epoch,
-                                  "token": 0x5151})]
-                client.remove(job.job_id)
-                with Controller(cfg.grpc, 0, p4info=built.p4info, bmv2_json=built.json, timeout=10,
-                                election_id=2) as ctl:
-                    assert _entries(ctl, "uplink") == [] and _entries(ctl, "parent_result") == []
-        finally:
-            agent.stop()
+    with _bmv2_with_agent(tmp_path, built, partial(_agent_cfg, with_parent=True), (1, 2)) as (agent, addr, secret):
+        cfg = agent.cfg
+        with ControlClient(addr, timeout=10, secret=secret) as client:
+            job = client.admit(world_size=1, n_slots=4, words_per_packet=8, parent=PARENT, child_id=3,
+                               job_id=9, slot_base=16, token=0x5151)
+            assert job.parent == PARENT and job.child_id == 3
+            client.register(job.job_id, 0, ("10.0.0.1", 40000))
+            with Controller(cfg.grpc, 0, p4info=built.p4info, bmv2_json=built.json, timeout=10,
+                            election_id=2) as ctl:
+                up = _entries(ctl, "uplink")
+                down = _entries(ctl, "parent_result")
+            assert up == [({"meta.job_id": 9}, {"child_id": 3, "switch_mac": mac_int(SERVICE_MAC),
+                                                "switch_ip": ipv4_int(SERVICE_IP), "parent_mac": mac_int(PARENT_MAC),
+                                                "parent_ip": ipv4_int(PARENT[0]), "parent_port": PARENT[1],
+                                                "uplink_port": 2})]
+            assert down == [({"hdr.ipv4.src_addr": ipv4_int(PARENT[0]), "hdr.udp.src_port": PARENT[1],
+                              "hdr.homagg.job_id": 9},
+                             {"slot_base": 16, "n_slots": 4, "world_size": 1, "words_per_packet": 8,
+                              "mcast_grp": Controller.mcast_group(9), "epoch": agent.jobs[9].epoch,
+                              "token": 0x5151})]
+            client.remove(job.job_id)
+            with Controller(cfg.grpc, 0, p4info=built.p4info, bmv2_json=built.json, timeout=10,
+                            election_id=2) as ctl:
+                assert _entries(ctl, "uplink") == [] and _entries(ctl, "parent_result") == []
 
 
 def _entries(ctl, table: str) -> list[tuple[dict[str, int], dict[str, int]]]:  # noqa: ANN001

@@ -181,18 +181,12 @@ class Controller(P4RuntimeSession):
         """Drop reasons and tree events (``up``, ``retransmit_up``, ``result_down``) by emulator
         counter name, and per admitted source its packets."""
         out: dict[str, Any] = {}
-        names = drop_reason_names()
-        c = self.info.get("counters", "drop_reasons")
-        for e in self.read(lambda ent: setattr(ent.counter_entry, "counter_id", c.preamble.id)):
-            idx = e.counter_entry.index.index
-            if idx in names:
-                out[names[idx]] = e.counter_entry.data.packet_count
-        events = tree_event_names()
-        c = self.info.get("counters", "tree_events")
-        for e in self.read(lambda ent: setattr(ent.counter_entry, "counter_id", c.preamble.id)):
-            idx = e.counter_entry.index.index
-            if idx in events:
-                out[events[idx]] = e.counter_entry.data.packet_count
+        for counter, names in (("drop_reasons", drop_reason_names()), ("tree_events", tree_event_names())):
+            c = self.info.get("counters", counter)
+            for e in self.read(lambda ent, c=c: setattr(ent.counter_entry, "counter_id", c.preamble.id)):
+                idx = e.counter_entry.index.index
+                if idx in names:
+                    out[names[idx]] = e.counter_entry.data.packet_count
         t = self.info.get("tables", "admission")
         mf_names = {m.id: m.name for m in t.match_fields}
         p_names = {p.id: p.name for p in self.info.get("actions", "admit").params}

@@ -9,6 +9,9 @@ Running a job:
 * ``run_on_switch(switch, world, ...)``: a job on a real switch (emulator or BMv2) with ``world``
   worker processes over UDP, every scheme, verified; the parts: :func:`udp_worker`,
   :func:`run_udp_job`, :func:`verify_udp_results` (module ``homagg.testing._udp``).
+* ``UdpTree(plan, ...)`` / ``run_tree_udp(tree, tensors, schemes)``: an aggregation tree of emulator
+  processes (one per switch, the job admitted in each role) and the codec through it, one thread per
+  rank (module ``homagg.testing._udp_tree``).
 
 Making inputs (pure functions of their arguments, module ``homagg.testing._tensors``):
 :func:`sparse_tensor` / :func:`sparse_tensors` (density, a part shared by every worker, value
@@ -39,6 +42,7 @@ from ._oracle import (
 )
 from ._tensors import gradients, sparse_tensor, sparse_tensors
 from ._tree import HOPS, HopFaults, TreeNetwork, local_tree_allreduce, run_tree_local
+from ._udp_tree import UdpTree, run_tree_udp
 from ._udp import (
     SchemeVerdict,
     SwitchAddresses,
@@ -69,6 +73,9 @@ __all__ = [
     "TreeNetwork",
     "HopFaults",
     "HOPS",
+    # trees of emulator processes over UDP
+    "UdpTree",
+    "run_tree_udp",
     # inputs
     "sparse_tensor",
     "sparse_tensors",

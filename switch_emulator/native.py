@@ -14,8 +14,9 @@ came alone), and the results of a batch leave as GSO messages (datagrams to one 
 one length, up to 64 and 64 KB a message; the kernel cuts them back into the same datagrams).
 Where the kernel refuses GSO the loop sends one datagram per message from then on.
 
-A job served natively keeps its cell state in numpy arrays (``JobState.bitmap``, ``count`` and a
-:class:`KeyView` as ``key``), so :meth:`JobState.slot_status` reads them unchanged.  The engine is
+A job served natively keeps its cell state in numpy arrays (``JobState.bitmap``, ``count``,
+``down`` and a :class:`KeyView` as ``key``), so :meth:`JobState.slot_status` reads them unchanged;
+a child's parent address and ``child_id`` (docs/trees.md) go into its job struct.  The engine is
 chosen once, at start: the Python pipeline (the readable reference) serves fault injection; the
 native one everything else, where the library was built (``pip install`` compiles it when a C
 compiler is there).  :data:`AVAILABLE` says whether it was.

@@ -289,6 +289,16 @@ def test_native_engine_keeps_every_counter_of_the_pipeline() -> None:
         assert native._built_counters(native._LIB) == native.COUNTER_NAMES  # type: ignore[arg-type]
 
 
+@needs_native
+def test_a_stale_native_build_says_so(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A library whose counters differ from this version's is not used, and the log says why (before:
+    the python engine served in silence, and the native tests skipped)."""
+    monkeypatch.setattr(native, "COUNTER_NAMES", native.COUNTER_NAMES[:-1])
+    with caplog.at_level("WARNING", logger="homagg.switch"):
+        assert native._load() is None
+    assert any("stale build" in r.getMessage() and "pip install -e ." in r.getMessage() for r in caplog.records)
+
+
 def _tree_job(world: int, per_switch: int, numel: int, inputs_seed: int, schemes: tuple[str, ...],
               port_options: dict[str, Any] | None = None, **tree_options: Any) -> list[dict[str, int]]:
     """Every rank's tensor through a tree of emulator processes, each scheme checked bit-identical

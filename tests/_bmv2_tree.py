@@ -13,6 +13,10 @@ uses alternating the banks); here every rank sends every chunk of a window, a ra
 a result after ``rto`` seconds resends it flagged ``FLAG_RETRANSMIT`` (the transport's
 worker-clocked recovery), so the switches see the packets a real job sends them.
 
+``via_agents``: the job is admitted at every switch over the control protocol, through one
+:class:`topologies.bmv2_agent.Bmv2ControlAgent` per switch (root first, every switch's members
+given with the job), as a tree's rank 0 admits it; else directly with the controller.
+
 ``faults`` (:class:`homagg.testing.HopFaults`: seeded drop and duplicate rates per hop kind) loses
 and duplicates datagrams on every hop: a rank's sends (``worker_leaf``) and the results it reads
 (``leaf_worker``) here, and, when ``child_parent`` or ``parent_child`` is faulty, each link between
@@ -82,10 +86,12 @@ class Bmv2Tree(TreeNetwork):
 
     def __init__(self, plan: TreePlan, built: Any, folder: Path, *, words_per_packet: int = 32, n_slots: int = 8,
                  job_id: int = 7, token: int = 0x5EED1234, rto: float = 0.4, max_resends: int = 20,
-                 grpc_base: int = 50600, faults: HopFaults | None = None, prefix: str = "htr") -> None:
+                 grpc_base: int = 50600, faults: HopFaults | None = None, prefix: str = "htr",
+                 via_agents: bool = False) -> None:
         self.plan, self.k, self.n_slots, self.job_id, self.token = plan, words_per_packet, n_slots, job_id, token
         self.rto, self.max_resends = rto, max_resends
-        self.faults, self.prefix = faults or HopFaults(), prefix
+        self.faults, self.prefix, self.via_agents = faults or HopFaults(), prefix, via_agents
+        self.agents: list[Any] = []  #: with via_agents, the switches' control agents (root first)
         self._rand = random.Random(self.faults.seed).random
         #: a link between switches whose hops have faults runs through this process: relay socket ->
         #: (the socket at the link's other end, the hop kind of frames read on the first)
@@ -186,11 +192,40 @@ class Bmv2Tree(TreeNetwork):
             with Controller(cfg.grpc, 0, p4info=built.p4info, bmv2_json=built.json, timeout=20) as ctl:
                 ctl.push()
                 ctl.configure(cfg)
-                ctl.add_job(cfg, spec)
+                if not self.via_agents:
+                    ctl.add_job(cfg, spec)
+            if self.via_agents:
+                self._admit_via_agent(s.index, cfg, spec)
         self._rank_of = {rank_ip(r): r for r in range(plan.world_size)}
         self._place = [plan.place(r) for r in range(plan.world_size)]
 
+    def _admit_via_agent(self, index: int, cfg: Any, spec: JobSpec) -> None:
+        """Admit ``spec`` over the control protocol at a :class:`topologies.bmv2_agent.Bmv2ControlAgent`
+        started for switch ``index``, the workers given with the job (none registers: the ranks'
+        addresses are fixed, a parent's members are switches), as a tree's rank 0 admits a job."""
+        import os
+        from types import SimpleNamespace
+
+        from homagg.transport import ControlClient
+        from tests._dist_scripts._launch import free_port
+        from topologies.bmv2_agent import Bmv2ControlAgent
+
+        secret, listen = os.urandom(16).hex(), ("127.0.0.1", free_port())
+        agent = Bmv2ControlAgent(SimpleNamespace(proc=self.procs[index]), cfg, listen, secret, HOMAGG_UDP_PORT,
+                                 gate=False, built=self.built)
+        self.agents.append(agent.start())
+        with ControlClient(listen, timeout=20, secret=secret) as ctl:
+            got = ctl.admit(spec.world_size, job_id=spec.job_id, slot_base=spec.slot_base, n_slots=spec.n_slots,
+                            words_per_packet=spec.words_per_packet, token=spec.token, parent=spec.parent,
+                            child_id=spec.child_id,
+                            workers=[{"worker_id": w.worker_id, "ip": w.ip, "port": w.port} for w in spec.workers])
+        if got != spec:
+            raise ResultMismatchError(f"switch {index}: the agent admitted {got}, not {spec}")
+
     def stop(self) -> None:
+        for agent in self.agents:
+            agent.stop()
+        self.agents = []
         for sock in [*self.socks.values(), *self.relays]:
             sock.close()
         self.relays = {}

@@ -52,6 +52,11 @@ def tree(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 
 
 @pytest.fixture(scope="module")
+def agents_tree(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    yield from _tree(tmp_path_factory.mktemp("bmv2agents"), via_agents=True, prefix="hta", grpc_base=50620)
+
+
+@pytest.fixture(scope="module")
 def lossy_tree(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     yield from _tree(tmp_path_factory.mktemp("bmv2lossy"), faults=HopFaults(drop=0.05, duplicate=0.02, seed=5),
                      prefix="htl", grpc_base=50640, rto=0.25)
@@ -102,3 +107,15 @@ def test_loss_and_duplicates_on_every_hop_stay_bit_identical(lossy_tree, scheme:
     counters = lossy_tree.counters()
     assert sum(c["retransmit_up"] for c in counters[1:]) > 0  # a leaf asked its parent again
     assert all(c["result_down"] == c["up"] > 0 for c in counters[1:])  # each use came down once to each leaf
+
+
+@pytest.mark.bmv2
+def test_tree_admitted_through_the_control_agents(agents_tree) -> None:  # noqa: ANN001
+    """Each switch's job admitted over the control protocol by its BMv2 agent (the spine with its
+    leaves as workers given at admission, each leaf as a child with its ranks), as the process
+    group's rank 0 admits a tree: the same results."""
+    xs = sparse_tensors(4, 3000, 0.05, seed=29)
+    got = _through(agents_tree, xs, "auto")
+    one = local_allreduce(xs, "auto")
+    assert all(torch.equal(r, one[0]) for r in got)
+    assert [c["up"] > 0 for c in agents_tree.counters()] == [False, True, True]

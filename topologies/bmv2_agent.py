@@ -11,7 +11,9 @@ same wire) and performs each operation with :class:`homagg.p4.Controller` (``add
 ``remove_job``), one P4Runtime session per request.
 
 * ``admit``: picks a free job id and a free slot range of the P4 pool and a fresh token; writes
-  nothing yet (the P4 admission table is keyed by the workers' source addresses).  A job with a
+  the entries of the workers given with the job (a tree's root admits its children's data
+  addresses so: a switch never registers), else nothing yet (the P4 admission table is keyed by
+  the workers' source addresses; workers register them).  A job with a
   ``parent`` (trees, docs/trees.md: the parent's data address, and the ``child_id`` this switch has
   there; the tree's job id, token and slots are given) makes this switch a child for it: checked
   at once (the parent needs a host entry), its uplink written with the workers' entries.
@@ -185,19 +187,21 @@ class Bmv2ControlAgent:
         if d.get("slot_base") is None:
             d["slot_base"] = 0
             d["slot_base"] = free_slot_base((j.spec for j in self.jobs.values()), int(d.get("n_slots") or 64), self.pool)
-        d["workers"] = []  # they register their own addresses
         spec = JobSpec.from_dict(d)
         if spec.job_id in self.jobs:
             raise ValueError(f"job {spec.job_id} is already admitted")
         from homagg.p4 import Controller
 
         Controller.check_job(spec, self.cfg)  # a child: this switch can send up to its parent
+        job = _Job(replace(spec, workers=()), Controller.new_epoch(), {w.worker_id: w for w in spec.workers})
         with self._controller() as ctl:
             ctl.check_pipeline()  # the switch runs homagg.p4: worth admitting
-        self.jobs[spec.job_id] = _Job(spec, Controller.new_epoch())
+            if job.workers:  # given with the job (a tree's root: its children), not registered
+                ctl.add_job(self.cfg, job.with_workers(), epoch=job.epoch)
+        self.jobs[spec.job_id] = job
         self._event(f"job {spec.job_id} admitted: {spec.world_size} workers, slots {spec.slot_base}.."
                     f"{spec.slot_base + spec.n_slots - 1}")
-        return {"job": spec.to_dict()}
+        return {"job": job.with_workers().to_dict()}
 
     def _job(self, req: dict[str, Any]) -> _Job:
         job = self.jobs.get(int(req["job_id"]))

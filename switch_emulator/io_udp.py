@@ -89,15 +89,15 @@ class UdpBackend:
             pass  # e.g. a worker went away; the worker side recovers by retransmission
 
     def check_engine(self, switch: Switch) -> None:
-        """Raise :class:`ConfigError` if the asked engine cannot serve ``switch`` (the native engine
-        does not inject faults)."""
+        """Decide the engine that will serve ``switch`` and record it (``switch.engine``, which the
+        control ``status`` reports from the start, before the serving thread runs); raise
+        :class:`ConfigError` if the asked engine cannot serve it (the native engine does not inject
+        faults)."""
+        switch.engine = self._resolve(switch)
+
+    def _resolve(self, switch: Switch) -> str:
         if self.engine == "native" and (switch.faults.config.active or switch.allow_faults):
             raise ConfigError("fault injection runs in the python engine only (--engine python)")
-
-    def serve(self, switch: Switch) -> None:
-        switch.data_addr = self.addr
-        switch.backend = self.name
-        switch.group_for = self.group_for if self.multicast else None
         engine = self.engine
         if engine == "auto":
             engine = "native" if native.AVAILABLE and not (switch.faults.config.active or switch.allow_faults) else "python"
@@ -106,8 +106,13 @@ class UdpBackend:
             elif engine == "python":
                 _say_once("fault injection is configured or allowed: the python engine serves (the native engine "
                           "injects no faults)")
-        self.check_engine(switch)
-        switch.engine = engine
+        return engine
+
+    def serve(self, switch: Switch) -> None:
+        switch.data_addr = self.addr
+        switch.backend = self.name
+        switch.group_for = self.group_for if self.multicast else None
+        engine = switch.engine = self._resolve(switch)
         if engine == "native":
             native.NativeEngine().serve(switch, self.sock, self._stop)
             return

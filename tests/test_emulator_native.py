@@ -220,3 +220,22 @@ def test_without_the_native_library_auto_serves_python_and_says_so_once(monkeypa
                 with ControlClient(sw.control_addr) as ctl:
                     assert ctl.status()["engine"] == "python"
     assert sum("native engine was not built" in r.getMessage() for r in caplog.records) == 1
+
+
+@needs_native
+def test_status_reports_the_serving_engine_before_the_serve_thread_runs() -> None:
+    """The engine is decided when the switch is built (check_engine), so a status read right after
+    start never reports ``python`` for a switch the native engine will serve."""
+    from switch_emulator.io_udp import UdpBackend
+    from switch_emulator.switch import Switch
+
+    backend = UdpBackend(("127.0.0.1", 0), engine="auto")
+    try:
+        sw = Switch(backend.send)
+        backend.check_engine(sw)
+        assert sw.control({"cmd": "status"})["engine"] == "native"
+        faulty = Switch(backend.send, allow_faults=True)
+        backend.check_engine(faulty)
+        assert faulty.control({"cmd": "status"})["engine"] == "python"
+    finally:
+        backend.close()

@@ -118,3 +118,24 @@ def test_two_tier_bmv2_every_scheme(tmp_path: Path) -> None:
     _check(s, 4, schemes)
     spine = [v for v in s["switch_status"].values() if v.get("drop_token")]
     assert sum(v["drop_token"] for v in spine) == 4 * 2, s["switch_status"]
+
+
+@pytest.mark.bmv2
+def test_two_tier_bmv2_tree_every_scheme(tmp_path: Path) -> None:
+    """Two racks whose BMv2 leaves aggregate (a tree, docs/trees.md) under a BMv2 spine that
+    aggregates the leaves: exact and bit-identical to one switch, every scheme; every use went up
+    once from each leaf and came down once to it; the forged datagrams are dropped at the leaves
+    (the spine sees only the leaves)."""
+    from topologies._deploy import LinkOpts
+    from topologies.runner import run_experiment
+
+    schemes = ["dense", "compact", "sketch", "auto"]
+    s = run_experiment("two_tier", "bmv2", 4, LinkOpts(loss=0.5), tmp_path / "run", racks=2, numel=4000,
+                       schemes=",".join(schemes), timeout=300, pcap=False, forge=2, tree=True)
+    _check(s, 4, schemes)
+    status = s["switch_status"]
+    spine, leaves = status["hgsp"], [status["hgl0"], status["hgl1"]]
+    assert spine["up"] == 0 and spine["drop_token"] == 0 and spine["drop_unknown_source"] == 0, status
+    assert leaves[0]["up"] == leaves[1]["up"] > 0 and all(c["result_down"] == c["up"] for c in leaves), status
+    assert sum(c["drop_token"] for c in leaves) == 4 * 2, status
+    assert {src["job_id"] for src in spine["sources"]} == {1} and len(spine["sources"]) == 2  # the leaves

@@ -347,3 +347,29 @@ def _entries(ctl, table: str) -> list[tuple[dict[str, int], dict[str, int]]]:  #
         out.append(({fields[m.field_id]: int.from_bytes(m.exact.value, "big") for m in te.match},
                     {params[p.param_id]: int.from_bytes(p.value, "big") for p in te.action.action.params}))
     return out
+
+
+def test_job_file_per_switch_jobs(tmp_path: Path) -> None:
+    """A tree's job file: each ``bmv2.switches`` entry has its own ``jobs`` (one job id, a child with
+    its parent); ``homagg control --job`` knows their ids (before: per-switch jobs were ignored)."""
+    import argparse
+    import json
+
+    from homagg import ConfigError
+    from homagg.p4 import SwitchUnreachableError, _control, load_switches
+
+    child, root = tree_jobs()
+    leaf = {"name": "leaf", "grpc": "127.0.0.1:1", "service_ip": SERVICE_IP, "service_mac": SERVICE_MAC,
+            "hosts": _hosts(), "jobs": [child.to_dict()]}
+    (tmp_path / "tree.json").write_text(json.dumps({"jobs": [root.to_dict()], "bmv2": {"switches": [leaf]}}))
+    (sw,) = load_switches(tmp_path / "tree.json")
+    assert sw.jobs == (child,)
+    parser = argparse.ArgumentParser()
+    _control.configure_parser(parser)
+    args = parser.parse_args(["add", "--config", str(tmp_path / "tree.json"), "--job", str(child.job_id),
+                              "--timeout", "0.3"])
+    with pytest.raises(SwitchUnreachableError):  # the job is known: the controller tries the switch
+        _control.run(args)
+    args.job = [99]
+    with pytest.raises(ConfigError, match=r"--job 99: no job with this id .* \(its jobs: 3, 7\)"):
+        _control.run(args)

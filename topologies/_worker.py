@@ -38,8 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--control", default=None, help="switch control address HOST:PORT (registration)")
     p.add_argument("--bind", default=None, help="local IP to send from")
     p.add_argument("--bind-port", type=int, default=0, help="local UDP port (0: any)")
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--job", required=True, help="JobSpec JSON")
+    p.add_argument("--rank", type=int, required=True, help="the rank (its inputs)")
+    p.add_argument("--job", required=True, help="JobSpec JSON: the job at this worker's switch")
+    p.add_argument("--worker-id", type=int, default=None,
+                   help="the worker id at the switch (a tree's leaf: docs/trees.md; default: --rank)")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="ranks of the whole job (a tree: more than the leaf's; default: the job's world_size)")
     p.add_argument("--schemes", default="dense,compact,sketch,auto")
     p.add_argument("--numel", type=int, default=20000)
     p.add_argument("--density", type=float, default=0.01)
@@ -57,12 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     from homagg.transport import parse_addr
 
     job = JobSpec.from_json(args.job)
-    report: dict[str, object] = {"rank": args.rank, "world_size": job.world_size, "schemes": {}, "ok": False}
+    world = args.world_size or job.world_size
+    report: dict[str, object] = {"rank": args.rank, "world_size": world, "schemes": {}, "ok": False}
     try:
-        inputs = [make_inputs(r, args.numel, args.density, args.seed) for r in range(job.world_size)]
+        inputs = [make_inputs(r, args.numel, args.density, args.seed) for r in range(world)]
         mine = inputs[args.rank]
-        port = UdpSwitchPort(parse_addr(args.switch), rank=args.rank, job=job, control=args.control,
-                             bind=(args.bind, args.bind_port) if args.bind else None, timeout=args.timeout)
+        wid = args.rank if args.worker_id is None else args.worker_id
+        port = UdpSwitchPort(parse_addr(args.switch), rank=wid, job=job, control=args.control,
+                             bind=(args.bind, args.bind_port) if args.bind else None, timeout=args.timeout,
+                             total_world_size=world)
         if args.forge:
             report["forged"] = _send_forged(port, job, args.forge)
         ok = True

@@ -18,7 +18,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from ._addresses import SERVICE_IP, SERVICE_MAC
+from ._addresses import SERVICE_IP, SERVICE_MAC, leaf_service
 from ._deploy import Deployment
 from ._mn import import_mininet
 
@@ -156,8 +156,8 @@ def _start_bmv2(dep: Deployment, out: Path, job_file: Path) -> None:
         sw.start([])
     jobs = tuple(load_jobs(job_file))
     configs = {d["name"]: SwitchConfig.from_dict(d) for d in dep.bmv2_config["bmv2"]["switches"]}  # type: ignore[attr-defined]
-    for sw in dep.switch_nodes:
-        configure_bmv2(sw, configs[sw.name], jobs, res)
+    for sw in dep.switch_nodes:  # a switch with its own jobs (a tree's) admits those
+        configure_bmv2(sw, configs[sw.name], configs[sw.name].jobs or jobs, res)
 
 
 def _bmv2_status(dep: Deployment) -> dict[str, Any]:
@@ -188,15 +188,22 @@ def attach_star(dep: Deployment, hosts: list[dict[str, Any]], service_ip: str, s
                    "service_mac": service_mac, "ports": [h["port"] for h in hosts], "hosts": hosts}])
 
 
-def attach_two_tier(dep: Deployment, hosts: list[dict[str, Any]], racks: int) -> None:
+def attach_two_tier(dep: Deployment, hosts: list[dict[str, Any]], racks: int, tree: bool = False) -> None:
+    """The ``bmv2`` section of a two-tier deployment: the spine (port ``l + 1`` to leaf ``l``)
+    aggregates; leaves (port 1 up) forward, or with ``tree`` aggregate too (their service
+    addresses, :func:`topologies._addresses.leaf_service`, reachable from the spine)."""
     spine, leaves = dep.switch_nodes[0], dep.switch_nodes[1:]
+    spine_hosts = [{"ip": h["ip"], "mac": h["mac"], "port": h["rack"] + 1} for h in hosts]
+    if tree:
+        spine_hosts += [{"ip": leaf_service(l)[0], "mac": leaf_service(l)[1], "port": l + 1} for l in range(racks)]
     switches = [{"name": spine.name, "grpc": spine.grpc_addr, "device_id": spine.device_id,
                  "service_ip": SERVICE_IP, "service_mac": SERVICE_MAC, "ports": list(range(1, racks + 1)),
-                 "hosts": [{"ip": h["ip"], "mac": h["mac"], "port": h["rack"] + 1} for h in hosts]}]
+                 "hosts": spine_hosts}]
     for l, leaf in enumerate(leaves):
         local = [h for h in hosts if h["rack"] == l]
         entries = [{"ip": h["ip"], "mac": h["mac"], "port": h["leaf_port"] if h["rack"] == l else 1} for h in hosts]
         entries.append({"ip": SERVICE_IP, "mac": SERVICE_MAC, "port": 1})
-        switches.append({"name": leaf.name, "grpc": leaf.grpc_addr, "device_id": leaf.device_id, "service_ip": None,
-                         "service_mac": None, "ports": [1] + [h["leaf_port"] for h in local], "hosts": entries})
+        ip, mac = leaf_service(l) if tree else (None, None)
+        switches.append({"name": leaf.name, "grpc": leaf.grpc_addr, "device_id": leaf.device_id, "service_ip": ip,
+                         "service_mac": mac, "ports": [1] + [h["leaf_port"] for h in local], "hosts": entries})
     _attach(dep, switches)

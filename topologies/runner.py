@@ -44,7 +44,10 @@ def remove_leftovers(prefix: str = "hg") -> None:
                 subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
 
 
-def _build(topo: str, workers: int, switch: str, link: LinkOpts, racks: int, emulator_backend: str) -> Deployment:
+def _build(topo: str, workers: int, switch: str, link: LinkOpts, racks: int, emulator_backend: str,
+           tree: bool = False) -> Deployment:
+    if tree and topo != "two_tier":
+        raise ValueError(f"tree: the leaves of two_tier aggregate; {topo} has one switch")
     if topo == "star":
         from .star import build_star
 
@@ -54,7 +57,7 @@ def _build(topo: str, workers: int, switch: str, link: LinkOpts, racks: int, emu
 
         if emulator_backend != "udp":
             raise ValueError("two_tier runs the emulator with its UDP backend only")
-        return build_two_tier(workers, switch, link, racks=racks)
+        return build_two_tier(workers, switch, link, racks=racks, tree=tree)
     raise ValueError(f"unknown topology {topo!r}")
 
 
@@ -64,6 +67,31 @@ def _job(dep: Deployment, n_slots: int, words: int) -> Any:
     return JobSpec(job_id=1, world_size=len(dep.workers), slot_base=0, n_slots=n_slots, words_per_packet=words,
                    workers=tuple(WorkerAddr(r, s.ip, WORKER_PORT) for r, s in enumerate(dep.workers)),
                    token=new_token()).validate()
+
+
+def _tree_jobs(dep: Deployment, job: Any, racks: int) -> tuple[Any, list[Any]]:
+    """A two-tier tree's jobs (docs/trees.md), from the one-switch ``job``: the spine's (its members
+    the leaves' data addresses, worker id = rack) and each leaf's (its rack's workers, worker ids
+    0.. in rank order, ``parent`` the spine's data address, ``child_id`` its rack); same job id,
+    token, slots and words everywhere."""
+    from dataclasses import replace
+
+    from homagg.jobs import WorkerAddr
+    from homagg.wire import HOMAGG_UDP_PORT
+
+    from ._addresses import SERVICE_IP, leaf_service
+    from .two_tier import rack_of
+
+    world = len(dep.workers)
+    spine = replace(job, world_size=racks, workers=tuple(WorkerAddr(l, leaf_service(l)[0], HOMAGG_UDP_PORT)
+                                                          for l in range(racks))).validate()
+    leaves = []
+    for l in range(racks):
+        ranks = [r for r in range(world) if rack_of(r, world, racks) == l]
+        leaves.append(replace(job, world_size=len(ranks), parent=(SERVICE_IP, HOMAGG_UDP_PORT), child_id=l,
+                              workers=tuple(WorkerAddr(i, dep.workers[r].ip, WORKER_PORT)
+                                            for i, r in enumerate(ranks))).validate())
+    return spine, leaves
 
 
 def _start_emulator(dep: Deployment, out: Path, job_file: Path) -> None:
@@ -99,8 +127,11 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
                    out: Path | None = None, racks: int = 2, numel: int = 20000, density: float = 0.01,
                    schemes: str = "dense,compact,sketch,auto", n_slots: int = 64, words: int = 32,
                    pcap: bool = True, timeout: float = 240.0, emulator_backend: str = "udp",
-                   forge: int = 0) -> dict[str, Any]:
+                   forge: int = 0, tree: bool = False) -> dict[str, Any]:
     """Run one experiment; return the summary (also written to ``<out>/results.json``).
+
+    ``tree`` (two_tier, bmv2): the leaves aggregate their racks and the spine the leaves
+    (docs/trees.md); each switch of ``job.json`` has its own job, every worker sends to its leaf.
 
     ``forge``: every worker first sends that many datagrams with a wrong job token from its own
     address (the switch must drop and count them: ``drop_token``; were one accepted, no result
@@ -116,15 +147,27 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
     dep: Deployment | None = None
     summary: dict[str, Any] = {"topology": topo, "switch": switch, "workers": workers, "link": link.params(),
                                "emulator_backend": emulator_backend if switch == "emulator" else None,
-                               "numel": numel, "density": density, "folder": str(out), "ok": False}
+                               "numel": numel, "density": density, "folder": str(out), "ok": False,
+                               "tree": tree}
     try:
-        dep = _build(topo, workers, switch, link, racks, emulator_backend)
+        dep = _build(topo, workers, switch, link, racks, emulator_backend, tree)
         summary["loss_emulation"] = dep.apply_loss(link) or ("netem" if link.loss else None)
         job = _job(dep, n_slots, words if switch == "emulator" else min(words, 32))
         job_file = out / "job.json"
         extra: dict[str, Any] = {}
         if switch == "bmv2":
             extra = dep.bmv2_config  # type: ignore[attr-defined]
+        worker_jobs = [job] * workers  # each worker's job at its switch, and its worker id there
+        worker_ids = list(range(workers))
+        if tree:
+            spine_job, leaf_jobs = _tree_jobs(dep, job, racks)
+            for d, own in zip(extra["bmv2"]["switches"], [spine_job, *leaf_jobs]):
+                d["jobs"] = [own.to_dict()]
+            for leaf_job in leaf_jobs:
+                for w in leaf_job.workers:
+                    r = next(i for i, site in enumerate(dep.workers) if site.ip == w.ip)
+                    worker_jobs[r], worker_ids[r] = leaf_job, w.worker_id
+            job = spine_job
         job_file.write_text(json.dumps({"jobs": [job.to_dict()], **extra}, indent=2))
         job_file.chmod(0o600)  # it holds the job's token
         if pcap:
@@ -142,7 +185,8 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
         for r, site in enumerate(dep.workers):
             procs.append(dep.python(site.host, [
                 "-m", "topologies._worker", "--switch", dep.switch_addr(r), "--bind", site.ip,
-                "--bind-port", str(WORKER_PORT), "--rank", str(r), "--job", job.to_json(),
+                "--bind-port", str(WORKER_PORT), "--rank", str(r), "--job", worker_jobs[r].to_json(),
+                "--worker-id", str(worker_ids[r]), "--world-size", str(workers),
                 "--schemes", schemes, "--numel", str(numel), "--density", str(density),
                 "--timeout", str(min(60.0, timeout)), "--out", str(out / "workers" / f"rank{r}.json"),
                 "--forge", str(forge),
@@ -191,11 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="results folder (default results/mininet-...)")
     p.add_argument("--forge", type=int, default=0,
                    help="each worker first sends N datagrams with a wrong job token (dropped: drop_token)")
+    p.add_argument("--tree", action="store_true",
+                   help="two_tier, bmv2: the leaves aggregate their racks, the spine the leaves (docs/trees.md)")
     a = p.parse_args(argv)
     try:
         s = run_experiment(a.topo, a.switch, a.workers, LinkOpts(a.bw, a.delay, a.loss), a.out, a.racks, a.numel,
                            a.density, a.schemes, a.slots, a.words, not a.no_pcap, a.timeout, a.emulator_backend,
-                           a.forge)
+                           a.forge, a.tree)
     except Exception as exc:  # noqa: BLE001
         print(f"experiment failed: {exc}", file=sys.stderr)
         return 1

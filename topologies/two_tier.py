@@ -1,22 +1,24 @@
 """Two-tier: racks of workers under leaf switches, one spine that aggregates.
 
-Aggregation happens at one level, the spine: the wire format has one worker-id space per job and
-the switch admits workers by source address, so a leaf that pre-aggregated its rack would have to
-act as a *worker* of the spine (its own address, its own retransmissions, and an OR of its rack's
-bitmaps) — a different protocol from the one the P4 program and the emulator implement.  Leaves are
-plain L2 switches; the spine sees every worker's packets and the multicast reaches every rack.
+By default aggregation happens at one level, the spine: leaves are plain L2 switches; the spine
+sees every worker's packets and the multicast reaches every rack.  With ``tree`` (``--switch
+bmv2`` only so far) the leaves aggregate too (docs/trees.md): each leaf has a service address
+(:func:`topologies._addresses.leaf_service`), its rack's workers send to it, it sends each
+completed use up to the spine as one worker (its child id = its rack) and passes the spine's
+result down to its rack; the spine's members are the leaves.
 
 ``--switch emulator``: leaves are Mininet hosts bridging their ports (Linux bridge); the spine is a
 host running the emulator with one interface per rack (rack ``l`` is ``10.0.<l+1>.0/24``, the
 spine is ``.254`` in it).  ``--switch bmv2``: leaves and spine all run ``p4/homagg.p4``; leaves have
-no service address (pure L2 forwarding), the spine aggregates (``10.0.0.254``).
+no service address (pure L2 forwarding), the spine aggregates (``10.0.0.254``); with ``tree`` the
+leaves have one too and every worker sends to its leaf's.
 """
 
 from __future__ import annotations
 
 from homagg.wire import HOMAGG_UDP_PORT
 
-from ._addresses import PREFIX, SERVICE_IP, SERVICE_MAC, worker_mac
+from ._addresses import PREFIX, SERVICE_IP, SERVICE_MAC, leaf_service, worker_mac
 from ._deploy import Deployment, LinkOpts, WorkerSite
 from ._mn import import_mininet
 
@@ -28,9 +30,11 @@ def rack_of(rank: int, workers: int, racks: int) -> int:
     return rank * racks // workers
 
 
-def build_two_tier(workers: int, switch: str, link: LinkOpts, racks: int = 2) -> Deployment:
+def build_two_tier(workers: int, switch: str, link: LinkOpts, racks: int = 2, tree: bool = False) -> Deployment:
     if not 1 <= racks <= workers:
         raise ValueError(f"racks must be in [1, workers], got {racks}")
+    if tree and switch != "bmv2":
+        raise ValueError("two_tier with aggregating leaves (tree) runs on bmv2 only so far")
     import_mininet()
     from mininet.link import TCLink
     from mininet.net import Mininet
@@ -79,12 +83,13 @@ def build_two_tier(workers: int, switch: str, link: LinkOpts, racks: int = 2) ->
             bmv2_hosts.append({"ip": f"10.0.0.{r + 1}", "mac": worker_mac(r), "rack": l, "leaf_port": leaf_ports[l]})
         net.build()
         for r, h in enumerate(hosts):
-            h.cmd(f"arp -s {SERVICE_IP} {SERVICE_MAC}")
-            sites.append(WorkerSite(h, f"10.0.0.{r + 1}", SERVICE_IP, f"{PREFIX}h{r}-eth0"))
+            ip, mac = leaf_service(rack_of(r, workers, racks)) if tree else (SERVICE_IP, SERVICE_MAC)
+            h.cmd(f"arp -s {ip} {mac}")
+            sites.append(WorkerSite(h, f"10.0.0.{r + 1}", ip, f"{PREFIX}h{r}-eth0"))
         dep = Deployment(net, sites, "bmv2", HOMAGG_UDP_PORT, HOMAGG_UDP_PORT + 1, switch_nodes=[spine, *leaves])
         from .bmv2 import attach_two_tier
 
-        attach_two_tier(dep, bmv2_hosts, racks)
+        attach_two_tier(dep, bmv2_hosts, racks, tree=tree)
     else:
         raise ValueError(f"unknown switch kind {switch!r}")
     dep.capture_intfs.extend((s.host, s.intf) for s in sites)

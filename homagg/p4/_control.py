@@ -5,7 +5,8 @@ section naming the switches (:mod:`homagg.p4._switches`).  Operations, each idem
 ``push`` (pipeline, unless the device already runs the same build), ``configure`` (service
 address, L2 entries, flood group), ``add`` / ``remove`` (jobs; ``--job`` selects), ``counters``
 (drop reasons and packets per worker, as JSON), ``check`` (the device runs this build), ``setup``
-(push + configure + add).  The work is done by :class:`homagg.p4.Controller`.
+(push + configure + add).  A switch with its own ``jobs`` (a tree: :mod:`homagg.p4._switches`)
+adds and removes those instead of the file's.  The work is done by :class:`homagg.p4.Controller`.
 """
 
 from __future__ import annotations
@@ -45,10 +46,11 @@ def run(args: argparse.Namespace) -> int:
     if not switches:
         raise ConfigError(f"no switch named {args.switch!r} in {args.config}")
     in_file = load_jobs(args.config)
-    unknown = sorted(set(args.job or ()) - {j.job_id for j in in_file})
+    ids = sorted({j.job_id for j in in_file} | {j.job_id for s in switches for j in s.jobs})
+    unknown = sorted(set(args.job or ()) - set(ids))
     if unknown:
         raise ConfigError(f"--job {unknown[0]}: no job with this id in {args.config} (its jobs: "
-                          f"{', '.join(str(j.job_id) for j in in_file) or 'none'})")
+                          f"{', '.join(str(i) for i in ids) or 'none'})")
     jobs = [j for j in in_file if args.job is None or j.job_id in args.job]
     report: dict[str, Any] = {}
     for sw in switches:
@@ -60,11 +62,12 @@ def run(args: argparse.Namespace) -> int:
                 ctl.check_pipeline()
             if args.op in ("configure", "setup"):
                 ctl.configure(sw)
+            own = [j for j in sw.jobs if args.job is None or j.job_id in args.job] if sw.jobs else jobs
             if args.op in ("add", "setup") and sw.service_ip:
-                for j in jobs:
+                for j in own:
                     ctl.add_job(sw, j)
             if args.op == "remove":
-                for j in jobs:
+                for j in own:
                     ctl.remove_job(sw, j)
             if args.op == "counters":
                 report[sw.name] = ctl.read_counters()

@@ -10,7 +10,9 @@ The job file is the emulator's (read by :func:`homagg.jobs.read_job_file`, JSON 
 
 ``service_ip`` null (or absent, as TOML has no null) means a pure L2 switch (a leaf).  ``hosts``
 maps each reachable MAC/IP to the switch port leading to it (also used for L2 forwarding; the
-service MAC may be listed to route it up a leaf's uplink).
+service MAC may be listed to route it up a leaf's uplink).  ``jobs`` (optional, the format of the
+file's ``jobs`` list) are this switch's own jobs instead of the file's: a tree (docs/trees.md)
+has one job id at every switch, each switch with its own members, a child with its ``parent``.
 
 Invariant: a :class:`SwitchConfig` built by :meth:`SwitchConfig.from_dict` has integer ports and
 string addresses; malformed descriptions raise :class:`~homagg.ConfigError`.
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
-from ..jobs import read_job_file
+from ..jobs import JobSpec, read_job_file
 
 __all__ = ["HostPort", "SwitchConfig", "load_switches", "ipv4_int", "mac_int"]
 
@@ -69,6 +71,8 @@ class SwitchConfig:
     service_mac: str | None = None
     ports: tuple[int, ...] = ()
     hosts: tuple[HostPort, ...] = ()
+    #: this switch's own jobs (a tree's), instead of the job file's ``jobs`` (empty: those)
+    jobs: tuple[JobSpec, ...] = ()
 
     def host(self, ip: str) -> HostPort:
         """The host entry of ``ip``; :class:`~homagg.ConfigError` if the switch has none."""
@@ -83,7 +87,8 @@ class SwitchConfig:
         try:
             return cls(str(d.get("name", "s1")), str(d["grpc"]), int(d.get("device_id", 0)), d.get("service_ip"),
                        d.get("service_mac"), tuple(int(p) for p in d.get("ports", ())),
-                       tuple(HostPort(str(h["ip"]), str(h["mac"]), int(h["port"])) for h in d.get("hosts", ())))
+                       tuple(HostPort(str(h["ip"]), str(h["mac"]), int(h["port"])) for h in d.get("hosts", ())),
+                       tuple(JobSpec.from_dict(j) for j in d.get("jobs", ())))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"bad bmv2 switch description {d!r}: {exc}") from exc
 

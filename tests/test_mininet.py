@@ -139,3 +139,26 @@ def test_two_tier_bmv2_tree_every_scheme(tmp_path: Path) -> None:
     assert leaves[0]["up"] == leaves[1]["up"] > 0 and all(c["result_down"] == c["up"] for c in leaves), status
     assert sum(c["drop_token"] for c in leaves) == 4 * 2, status
     assert {src["job_id"] for src in spine["sources"]} == {1} and len(spine["sources"]) == 2  # the leaves
+
+
+@pytest.mark.bmv2
+def test_two_tier_bmv2_tree_uplinks_carry_one_stream_per_rack(tmp_path: Path,
+                                                               record_property: Callable[[str, object], None]) -> None:
+    """The same job (2 racks x 2 workers, lossless, same inputs) with the spine aggregating alone
+    and with the leaves aggregating too: each leaf's uplink (its interface counters while the
+    workers ran) carries about half the bytes up and down with the tree: one stream per rack, not
+    one per worker."""
+    from topologies._deploy import LinkOpts
+    from topologies.runner import run_experiment
+
+    runs = {}
+    for tree in (False, True):
+        s = run_experiment("two_tier", "bmv2", 4, LinkOpts(), tmp_path / f"tree{tree}", racks=2, numel=8000,
+                           density=0.2, schemes="dense,auto", timeout=300, pcap=False, tree=tree)
+        _check(s, 4, ["dense", "auto"])
+        runs[tree] = s["uplink_bytes"]
+    ratios = [t[d] / f[d] for f, t in zip(runs[False], runs[True]) for d in ("up", "down")]
+    line = (f"two-tier BMv2, 2 racks x 2 workers, dense+auto: uplink bytes (up/down per leaf) spine-only "
+            f"{runs[False]}, tree {runs[True]}, tree/spine-only {[round(r, 3) for r in ratios]}")
+    record_property("homagg_report", line)
+    assert all(0.4 < r < 0.62 for r in ratios), line

@@ -113,6 +113,18 @@ class Deployment:
     logs: list[Any] = field(default_factory=list)
     extra_stop: list[Callable[[], None]] = field(default_factory=list)
     raw_ifaces: list[str] = field(default_factory=list)  # switch ports served by the raw backend
+    #: two_tier: each leaf's uplink as (the node that owns it, its interface name), leaf order
+    uplinks: list[tuple[Any, str]] = field(default_factory=list)
+
+    def uplink_bytes(self) -> list[dict[str, int]]:
+        """Bytes each uplink has sent up (``up``: the leaf's transmit counter) and down (``down``:
+        its receive counter) so far, from the kernel's interface counters, leaf order."""
+        out = []
+        for node, intf in self.uplinks:
+            text = node.cmd(f"cat /sys/class/net/{intf}/statistics/tx_bytes /sys/class/net/{intf}/statistics/rx_bytes")
+            tx, rx = (int(v) for v in text.split()[:2])
+            out.append({"up": tx, "down": rx})
+        return out
 
     def apply_loss(self, link: LinkOpts) -> list[str]:
         """Per-worker-link loss where TCLink cannot (see :class:`LinkOpts`); returns what was done."""

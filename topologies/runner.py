@@ -8,7 +8,8 @@
    ``simple_switch_grpc`` configured by :class:`homagg.p4.Controller`,
 3. optionally captures every worker link with tcpdump (``pcaps/``),
 4. starts one worker process per host (:mod:`topologies._worker`): every scheme, exact check,
-5. collects ``results.json`` (per worker, per scheme), ``logs/``, switch counters,
+5. collects ``results.json`` (per worker, per scheme), ``logs/``, switch counters and, on two_tier,
+   the bytes each leaf's uplink carried up and down while the workers ran (``uplink_bytes``),
 6. tears everything down in ``finally`` — processes, the network, leftover ``hg*`` links — even on
    failure or Ctrl-C.  Prints the folder.  Exit status 0 iff every worker was exact.
 """
@@ -180,6 +181,7 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
             _start_emulator(dep, out, job_file)
         else:
             dep.start_bmv2(out, job_file)  # type: ignore[attr-defined]
+        uplinks_before = dep.uplink_bytes()
         t0 = time.monotonic()
         procs = []
         for r, site in enumerate(dep.workers):
@@ -194,6 +196,9 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
         for p in procs:
             p.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
         summary["seconds"] = round(time.monotonic() - t0, 3)
+        if dep.uplinks:  # two_tier: what crossed each leaf's uplink while the workers ran
+            summary["uplink_bytes"] = [{k: after[k] - before[k] for k in after}
+                                       for before, after in zip(uplinks_before, dep.uplink_bytes())]
         ranks = []
         for r in range(workers):
             f = out / "workers" / f"rank{r}.json"

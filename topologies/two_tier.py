@@ -63,6 +63,7 @@ def build_two_tier(workers: int, switch: str, link: LinkOpts, racks: int = 2, tr
             l = rack_of(r, workers, racks)
             sites.append(WorkerSite(h, f"10.0.{l + 1}.{r + 1}", f"10.0.{l + 1}.254", f"{PREFIX}h{r}-eth0"))
         dep = Deployment(net, sites, "emulator", HOMAGG_UDP_PORT, HOMAGG_UDP_PORT + 1, switch_nodes=leaves + [spine])
+        dep.uplinks = [(leaf, f"{PREFIX}l{l}-up") for l, leaf in enumerate(leaves)]
     elif switch == "bmv2":
         from .bmv2 import Bmv2Switch
 
@@ -87,6 +88,7 @@ def build_two_tier(workers: int, switch: str, link: LinkOpts, racks: int = 2, tr
             h.cmd(f"arp -s {ip} {mac}")
             sites.append(WorkerSite(h, f"10.0.0.{r + 1}", ip, f"{PREFIX}h{r}-eth0"))
         dep = Deployment(net, sites, "bmv2", HOMAGG_UDP_PORT, HOMAGG_UDP_PORT + 1, switch_nodes=[spine, *leaves])
+        dep.uplinks = [(leaf, leaf.intfs[1].name) for leaf in leaves]  # port 1: up to the spine
         from .bmv2 import attach_two_tier
 
         attach_two_tier(dep, bmv2_hosts, racks, tree=tree)

@@ -12,7 +12,8 @@ tensors in the same run (:mod:`homagg.bench._racks_rank`):
 Each record is ``bench allreduce``'s (the time is the slowest rank's, median over repeats; ``exact``:
 bit-identical on every rank and within the bound of the float64 sum) plus ``method``, ``topology``,
 ``racks``, ``rack_size``, ``bw_mbit``, ``uplink_bw_mbit``, ``oversubscription`` (a rack's worker
-links over its uplink), ``mtu``, ``replication`` (how the arrangement's switches reach their
+links over its uplink), ``mtu``, ``n_slots`` (the job's slots at every switch: each rank's send
+window; ``HOMAGG_SLOTS``, default 64), ``replication`` (how the arrangement's switches reach their
 members: the star and the root unicast, the leaves ``--replication``), ``engine`` (what the
 arrangement's emulators ran, from their status: ``python``, ``native``, or e.g. ``native+python``),
 ``uplink_bytes_per_call`` (per rack ``{"up": towards the spine, "down": from it}``, counted at its
@@ -94,7 +95,8 @@ def _units(sweep: dict[str, Any], topologies: list[str]) -> list[tuple[str, str 
     return [("gloo", None, None)] + [("homagg", t, s) for s in sweep["schemes"] for t in topologies]
 
 
-def _rack_fields(r: dict[str, Any], line0: dict[str, Any], net: RackNet, topology: str | None) -> dict[str, Any]:
+def _rack_fields(r: dict[str, Any], line0: dict[str, Any], net: RackNet, topology: str | None,
+                 n_slots: int) -> dict[str, Any]:
     """What a record of ``bench net --racks`` adds to ``bench allreduce``'s (from rank 0's line)."""
     moved = line0.get("traffic") or {}
     per_rack = [{"up": moved.get(f"{k}.up"), "down": moved.get(f"{k}.down")} for k in range(net.racks)]
@@ -104,6 +106,7 @@ def _rack_fields(r: dict[str, Any], line0: dict[str, Any], net: RackNet, topolog
     return {"method": "gloo-ring" if r["backend"] == "gloo" else "homagg", "topology": topology or "ring",
             "racks": net.racks, "rack_size": net.rack_size, "bw_mbit": net.bw_mbit,
             "uplink_bw_mbit": net.uplink_bw_mbit, "oversubscription": net.oversubscription, "mtu": net.mtu,
+            "n_slots": None if topology is None else n_slots,
             "replication": None if topology is None else "unicast" if topology == "star"
             else f"{net.replication} at the leaves, unicast at the root",
             "engine": "+".join(sorted(set(engines))) if engines else None,
@@ -153,7 +156,7 @@ def _measure(net: RackNet, sweep: dict[str, Any], args: argparse.Namespace,
                               f"configurations; its stdout: {outs[short[0]][-20:]}")
         for lines in zip(*reports):
             r = {**_merge(method, scheme, net.world, list(lines), machine), "codec": codec, "cpu_load": args.cpu_load}
-            records.append({**r, **_rack_fields(r, lines[0], net, topology)})
+            records.append({**r, **_rack_fields(r, lines[0], net, topology, cfg["n_slots"])})
     return records
 
 

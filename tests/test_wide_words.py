@@ -223,3 +223,50 @@ def test_ranks_disagreeing_about_precision_fail_at_the_first_round() -> None:
     for exc in raised:
         assert isinstance(exc, homagg.RankMismatchError), exc
         assert "torch.float32 .. torch.float32 in two words" in str(exc)
+
+
+def test_process_group_passes_the_option_through() -> None:
+    from homagg.torch import BackendConfig
+
+    cfg = BackendConfig.resolve({"codec": {"precision": "wide"}}, env={})
+    assert homagg.CodecConfig.from_options(dict(cfg.codec)).precision == "wide"
+    with pytest.raises(homagg.ConfigError, match="precision"):
+        homagg.CodecConfig.from_options(dict(BackendConfig.resolve({"codec": {"precision": 2}}, env={}).codec))
+
+
+# -- the native wide kernels against the torch code ------------------------------------------------------
+def _exps_for(x: torch.Tensor, block: int, lower: int = 0) -> torch.Tensor:
+    return homagg.codec._blocks.exponents(x, block) - lower  # lower: a guess below the data (clamps)
+
+
+@pytest.mark.skipif(not homagg.codec._native.WIDE, reason="the native kernels were not built with wide words")
+@pytest.mark.parametrize("world", [2, 300, 1024])
+@pytest.mark.parametrize("case", ["gradient", "tiny", "huge", "clamped", "partial"])
+def test_wide_kernels_equal_the_torch_code(world: int, case: str) -> None:
+    from homagg.codec import _blocks
+
+    g = torch.Generator().manual_seed(world)
+    n, block = (5000, 256) if case == "partial" else (8192, 1024)
+    x = torch.randn(n, generator=g) * torch.exp2(torch.randint(-12, 1, (n,), generator=g).float())
+    x[::7] = 0.0
+    if case == "tiny":  # exponents near float32's bottom: the grid's factor needs two powers of two
+        x = x * 2.0**-120
+    if case == "huge":
+        x = x * 2.0**100
+    exps = _exps_for(x, block, 3 if case == "clamped" else 0)
+    with device_paths():
+        ref = _blocks.quantize(x, exps, world, block, words=2)
+    got = _blocks.quantize(x, exps, world, block, words=2)
+    assert torch.equal(got, ref)
+    limbs = got.view(-1, 2)
+    assert bool(((limbs[:, 0] >= 0) & (limbs[:, 0] < 2**16)).all())
+    # sums of up to W such words, with cancelling limbs (total 0, words nonzero) among them
+    sums = (limbs.to(torch.int64) * torch.randint(-world, world + 1, (n, 1), generator=g)).to(torch.int32)
+    sums[1] = torch.tensor([65536, -1], dtype=torch.int32)
+    out = torch.empty(n)
+    with device_paths():
+        want = torch.empty(n)
+        assert _blocks.dequantize_into(want, sums.reshape(-1), exps, world, block, words=2) is None
+    counted = _blocks.dequantize_into(out, sums.reshape(-1), exps, world, block, words=2)
+    assert torch.equal(out, want)
+    assert counted == int(torch.count_nonzero(sums.any(dim=1)))

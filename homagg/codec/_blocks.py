@@ -31,7 +31,7 @@ import torch
 from . import _hostops, _native
 from .._buffers import WordPool
 from .._errors import NonFiniteError
-from ._fixedpoint import EMPTY_EXPONENT, _pow2, precision_bits, to_limbs
+from ._fixedpoint import EMPTY_EXPONENT, _pow2, join_words, precision_bits
 
 __all__ = ["exponents", "quantize", "dequantize_into", "decodes_in_float32", "float32_grid"]
 
@@ -67,11 +67,12 @@ def _float32_limit(p: int) -> float:
     return float(2**p - 1) if p <= 24 else float(2**p - 2 ** (p - 24))
 
 
-def float32_grid(exps: torch.Tensor, world_size: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+def float32_grid(exps: torch.Tensor, world_size: int,
+                 words: int = 1) -> tuple[torch.Tensor, torch.Tensor | None, float]:
     """(f1, f2, limit) of float32 grid words under block exponents ``exps``: what the native
-    quantisers (``homagg_quantize32``, ``homagg_fill_quantize32``) take; the torch path below
-    computes the same per block."""
-    p = precision_bits(world_size)
+    quantisers (``homagg_quantize32``, ``homagg_fill_quantize32``, ``homagg_quantize32_wide``)
+    take; the torch path below computes the same per block."""
+    p = precision_bits(world_size, words)
     f1, f2 = _grid_factors(exps, p, -126, 127, torch.float32)
     return f1, f2, _float32_limit(p)
 
@@ -106,26 +107,27 @@ def exponents(flat: torch.Tensor, block_size: int) -> torch.Tensor:
 def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size: int,
              mask: torch.Tensor | None = None, words: int = 1) -> torch.Tensor:
     """Flat int32 grid words of every element of the blocks (all, or those flagged in ``mask``):
-    one per element, or with ``words = 2`` each element's two limbs in turn (low, high; see
-    :func:`homagg.codec._fixedpoint.quantize_words`: the grid integers, ``< 2**P2``, are exact in
-    the work type too, and the native kernels, which write one int32 word, are skipped)."""
+    one per element, or with ``words = 2`` each element's two limbs in turn (low, high: the words
+    of :func:`homagg.codec._fixedpoint.quantize_words`).  Wide grid integers ``q`` (``< 2**P2``)
+    are exact in the work type, and so is their split there: ``high = floor(q * 2**-16)`` (a
+    power-of-two scaling, then floor: ``q >> 16``) and ``low = q - high * 2**16`` (in ``[0,
+    2**16)``, representable).  The native kernel (``homagg_quantize32_wide``) splits the integer: the same words."""
     work = torch.float64 if flat.dtype == torch.float64 else torch.float32
     lo, hi = (-1022, 1023) if work == torch.float64 else (-126, 127)
     p = precision_bits(world_size, words)
     limit = float(2**p - 1) if work == torch.float64 else _float32_limit(p)
-    grid = torch.int32 if words == 1 else torch.int64
     if mask is None:
-        if words == 1 and flat.dtype == torch.float32 and _native_float32(flat):
-            out = torch.from_numpy(_WORDS.take(flat.numel()))
-            f1, f2, limit = float32_grid(exps, world_size)
-            _native.quantize32(flat.numpy(), block_size, f1.numpy(), None if f2 is None else f2.numpy(), limit,
-                               out.numpy())
+        if flat.dtype == torch.float32 and _native_float32(flat) and (words == 1 or _native.WIDE):
+            out = torch.from_numpy(_WORDS.take(flat.numel() * words))
+            f1, f2, limit = float32_grid(exps, world_size, words)
+            kernel = _native.quantize32 if words == 1 else _native.quantize32_wide
+            kernel(flat.numpy(), block_size, f1.numpy(), None if f2 is None else f2.numpy(), limit, out.numpy())
             return out
-        out = torch.empty(flat.numel(), dtype=grid, device=flat.device)
+        out = torch.empty(flat.numel() * words, dtype=torch.int32, device=flat.device)
     else:
         per_block = torch.full((exps.numel(),), block_size, dtype=torch.int64, device=flat.device)
         per_block[-1] = flat.numel() - (exps.numel() - 1) * block_size
-        out = torch.empty(int(per_block[mask].sum()), dtype=grid, device=flat.device)
+        out = torch.empty(int(per_block[mask].sum()) * words, dtype=torch.int32, device=flat.device)
     at = 0
     for sl, view in _parts(flat, block_size):
         e = exps[sl]
@@ -137,9 +139,15 @@ def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size
         if f2 is not None:
             x.mul_(f2.unsqueeze(1))
         n = x.numel()
-        out[at:at + n].view_as(x).copy_(x.round_().clamp_(-limit, limit))  # exact: integers below 2**P
-        at += n
-    return out if words == 1 else to_limbs(out, 2).reshape(-1)
+        x.round_().clamp_(-limit, limit)  # exact: integers below 2**P
+        dst = out[at:at + n * words].view(*x.shape, words)
+        if words == 2:
+            high = torch.floor(x * 2.0**-16)
+            dst[..., 1].copy_(high)
+            x.add_(high, alpha=-65536.0)  # the low limb, exactly
+        dst[..., 0].copy_(x)
+        at += n * words
+    return out
 
 
 def decodes_in_float32(exps: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -160,8 +168,10 @@ def dequantize_into(out: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, w
                     block_size: int, float32_path: bool | None = None, words: int = 1) -> int | None:
     """Write the decoded values of the flat int32 ``sums`` (every element) into flat ``out``;
     return ``count_nonzero(sums)`` where the native kernel counted it in the same pass, else None.
-    ``words = 2``: ``sums`` are the int64 grid sums of wide words
-    (:func:`homagg.codec._fixedpoint.join_words`), decoded in float64 (exact), rounded once.
+    ``words = 2``: ``sums`` holds each element's two words (low, high), joined into the exact grid
+    sum in float64 (:func:`homagg.codec._fixedpoint.join_words`), scaled there, rounded once (a
+    float32 output natively: ``homagg_dequantize_wide``, which counts the elements with a nonzero
+    word).
 
     float32 output whose every block has ``E - P >= -126`` (all results normal or zero) takes a
     float32 path: int32 -> float32 rounds once (to nearest even) and the power-of-two scaling is
@@ -170,6 +180,12 @@ def dequantize_into(out: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, w
     """
     shift = _decode_shift(exps, world_size, words)
     if words == 2:
+        if out.dtype == torch.float32 and _native_float32(out, sums) and _native.WIDE and sums.dtype == torch.int32:
+            first = shift.clamp(-1000, 1000)
+            rest = shift - first
+            f2 = _pow2(rest.clamp(-1000, 1000)).numpy() if bool((rest != 0).any()) else None
+            return _native.dequantize_wide(sums.numpy(), block_size, _pow2(first).numpy(), f2, out.numpy())
+        sums = join_words(sums.view(-1, 2))
         float32_path = False
     elif float32_path is None and out.dtype == torch.float32:
         float32_path = bool(decodes_in_float32(exps, world_size))

@@ -73,15 +73,14 @@ class Decoding:
         if self.is_float:
             assert self.exponents is not None
             path = known.get("float32_path")
-            counted = _blocks.dequantize_into(out, _fixedpoint.join_words(sums.reshape(-1, self.limbs)),
-                                              self.exponents, self.world_size, self.cfg.block_size,
-                                              None if path is None else bool(path), self.limbs)
+            counted = _blocks.dequantize_into(out, sums.reshape(-1), self.exponents, self.world_size,
+                                              self.cfg.block_size, None if path is None else bool(path), self.limbs)
         else:
             out.copy_(_fixedpoint.from_limbs(sums, self.dtype))
         if "union" in known:
             self.union = known["union"]
         else:
-            self.union = counted if counted is not None and self.limbs == 1 else int(
+            self.union = counted if counted is not None else int(
                 torch.count_nonzero(sums.any(dim=1) if self.limbs > 1 else sums))
         return out
 

@@ -22,6 +22,14 @@
  *   homagg_dequantize32   out[i] = (float)sums[i] * factor[b]: int32 -> float32 rounds once (to
  *                         nearest even, as torch's copy_), the power-of-two factor is exact;
  *                         returns how many sums are nonzero (the result's union, in the same pass).
+ *   homagg_quantize32_wide  wide words (two per value): q = clamp(nearbyintf(x[i] * f1[b] (* f2[b])),
+ *                         -limit, limit) as homagg_quantize32 (|q| < 2**47, an integer in float32),
+ *                         then out[2i] = q & 0xFFFF and out[2i+1] = q >> 16 (the limbs; the torch
+ *                         code splits in float32, exactly: floor(q * 2**-16) and the remainder).
+ *   homagg_dequantize_wide  out[i] = (float)(((double)sums[2i+1] * 65536 + sums[2i]) * f1[b] (* f2[b])):
+ *                         the exact grid sum in float64 (|.| < 2**47), the power-of-two factors
+ *                         in float64 as the torch code applies them, one rounding to float32;
+ *                         returns how many elements have a nonzero word (the torch code's union).
  *
  * Plain C, loaded with ctypes by homagg/codec/_native.py and compiled into the same library as
  * homagg/codec/_native_kernels.c (setup.py).  Every loop is written once and compiled twice
@@ -143,4 +151,36 @@ HOMAGG_CLONES int64_t homagg_block_peaks_at64(const int64_t *idx, const double *
         peak[b] = a > peak[b] ? a : peak[b];
     }
     return bad;
+}
+
+HOMAGG_CLONES void homagg_quantize32_wide(const float *x, int64_t n, int64_t bs, const float *f1, const float *f2,
+                                          float limit, int32_t *out) {
+    for (int64_t b = 0, i0 = 0; i0 < n; b++, i0 += bs) {
+        const int64_t end = i0 + bs < n ? i0 + bs : n;
+        /* without f2 the second factor is 1.0f: multiplying by one is exact (homagg_fill_quantize32) */
+        const float a = f1[b], c = f2 ? f2[b] : 1.0f;
+        for (int64_t i = i0; i < end; i++) {
+            const int64_t q = (int64_t)clamp_limit(nearbyintf((x[i] * a) * c), limit);
+            out[2 * i] = (int32_t)(q & 0xFFFF);
+            out[2 * i + 1] = (int32_t)(q >> 16); /* arithmetic: floor(q / 2**16) */
+        }
+    }
+}
+
+HOMAGG_CLONES int64_t homagg_dequantize_wide(const int32_t *sums, int64_t n, int64_t bs, const double *f1,
+                                             const double *f2, float *out) {
+    int64_t nonzero = 0;
+    for (int64_t b = 0, i0 = 0; i0 < n; b++, i0 += bs) {
+        const int64_t end = i0 + bs < n ? i0 + bs : n;
+        const double a = f1[b];
+        for (int64_t i = i0; i < end; i++) {
+            const int32_t low = sums[2 * i], high = sums[2 * i + 1];
+            double v = ((double)high * 65536.0 + (double)low) * a;
+            if (f2)
+                v *= f2[b];
+            out[i] = (float)v;
+            nonzero += (low | high) != 0;
+        }
+    }
+    return nonzero;
 }

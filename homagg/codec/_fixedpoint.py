@@ -298,10 +298,10 @@ def quantize_words(idx: torch.Tensor, values: torch.Tensor, exponents: torch.Ten
 
 def join_words(sums: torch.Tensor) -> torch.Tensor:
     """(n, L) combined words of floats -> (n,) exact grid sums: the one column (int32), or for two
-    words ``low + high * 2**16`` in int64 (``|.| < 2**47``: exact in float64 too)."""
+    words ``high * 2**16 + low`` in float64 (``|.| < 2**47``: exact)."""
     if sums.shape[1] == 1:
         return sums[:, 0]
-    return sums[:, 0].to(torch.int64) + (sums[:, 1].to(torch.int64) << 16)
+    return sums[:, 1].to(torch.float64).mul_(65536.0).add_(sums[:, 0])
 
 
 def places_natively(idx: torch.Tensor, values: torch.Tensor, words: torch.Tensor, block_size: int) -> bool:
@@ -328,7 +328,7 @@ def quantize_into_slots(idx: torch.Tensor, values: torch.Tensor, exponents: torc
 
 def dequantize(idx: torch.Tensor, sums: torch.Tensor, exponents: torch.Tensor, block_size: int, world_size: int,
                dtype: torch.dtype, in_range: bool | None = None, words: int = 1) -> torch.Tensor:
-    """Combined grid sums at positions ``idx`` (int32; for two words :func:`join_words`'s int64)
+    """Combined grid sums at positions ``idx`` (int32; for two words :func:`join_words`'s float64)
     -> values of ``dtype`` (one final rounding); ``in_range`` as :func:`float32_factors`."""
     shift = _dequantize_shift(exponents, world_size, words)
     blk = _block_of(idx, block_size)

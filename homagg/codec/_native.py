@@ -17,7 +17,8 @@ from .._cext import load_library
 
 __all__ = ["AVAILABLE", "pack32", "scan32", "set_bits32", "bit_ranks32", "gather32", "decode_into32", "block_peaks32",
            "quantize32", "quantize_at64", "dequantize32", "quantize_place64", "decode_bits32",
-           "count_bits32", "block_peaks_at64", "select_bits32", "place_bits32", "FILL_QUANTIZE32"]
+           "count_bits32", "block_peaks_at64", "select_bits32", "place_bits32", "FILL_QUANTIZE32",
+           "quantize32_wide", "dequantize_wide", "WIDE"]
 
 
 def _load() -> ctypes.CDLL | None:
@@ -45,6 +46,11 @@ def _load() -> ctypes.CDLL | None:
     lib.homagg_quantize_at64.restype = None
     lib.homagg_dequantize32.argtypes = [ptr, i64, i64, ptr, ptr]
     lib.homagg_dequantize32.restype = i64
+    if hasattr(lib, "homagg_dequantize_wide"):  # a library built before wide words lacks them (WIDE)
+        lib.homagg_quantize32_wide.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr]
+        lib.homagg_quantize32_wide.restype = None
+        lib.homagg_dequantize_wide.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
+        lib.homagg_dequantize_wide.restype = i64
     lib.homagg_quantize_place64.argtypes = [ptr, ptr, i64, ctypes.c_int, ptr, ptr, i64, ctypes.c_double, ptr, i64,
                                              ptr, ptr, i64]
     lib.homagg_quantize_place64.restype = i64
@@ -61,6 +67,8 @@ def _load() -> ctypes.CDLL | None:
 
 _LIB = _load()
 AVAILABLE = _LIB is not None
+#: whether the wide-word kernels are there (:func:`quantize32_wide`, :func:`dequantize_wide`)
+WIDE = AVAILABLE and hasattr(_LIB, "homagg_dequantize_wide")
 #: address of ``homagg_fill_quantize32`` (a :class:`~homagg.transport.WordSource`'s native fill
 #: function: :mod:`homagg.codec._dense_source`), None without the native kernels
 FILL_QUANTIZE32: int | None = (ctypes.cast(_LIB.homagg_fill_quantize32, ctypes.c_void_p).value
@@ -206,6 +214,39 @@ def quantize32(x: np.ndarray, block_size: int, f1: np.ndarray, f2: np.ndarray | 
     if x.size:
         _LIB.homagg_quantize32(x.ctypes.data, x.size, block_size, f1.ctypes.data,
                                None if f2 is None else f2.ctypes.data, limit, out.ctypes.data)
+
+
+def quantize32_wide(x: np.ndarray, block_size: int, f1: np.ndarray, f2: np.ndarray | None, limit: float,
+                    out: np.ndarray) -> None:
+    """Wide words of :func:`quantize32`'s grid values (``limit`` a float32 integer below 2**47):
+    ``out[2i] = q & 0xFFFF``, ``out[2i + 1] = q >> 16`` (contiguous int32, two words per element)."""
+    assert _LIB is not None and x.dtype == np.float32 and x.flags.c_contiguous
+    assert out.dtype == np.int32 and out.flags.c_contiguous and out.size == 2 * x.size
+    f1 = np.ascontiguousarray(f1, dtype=np.float32)
+    _blocks_of(x.size, block_size, f1, "quantize32_wide")
+    if f2 is not None:
+        f2 = np.ascontiguousarray(f2, dtype=np.float32)
+        _blocks_of(x.size, block_size, f2, "quantize32_wide")
+    if x.size:
+        _LIB.homagg_quantize32_wide(x.ctypes.data, x.size, block_size, f1.ctypes.data,
+                                    None if f2 is None else f2.ctypes.data, limit, out.ctypes.data)
+
+
+def dequantize_wide(sums: np.ndarray, block_size: int, f1: np.ndarray, f2: np.ndarray | None, out: np.ndarray) -> int:
+    """``out = float32((sums[2i+1] * 2**16 + sums[2i]) * f1[block] (* f2[block]))``, the products in
+    float64, for contiguous int32 word pairs ``sums`` and float32 ``out``; returns how many
+    elements have a nonzero word (same pass)."""
+    assert _LIB is not None and sums.dtype == np.int32 and sums.flags.c_contiguous
+    assert out.dtype == np.float32 and out.flags.c_contiguous and sums.size == 2 * out.size
+    f1 = np.ascontiguousarray(f1, dtype=np.float64)
+    _blocks_of(out.size, block_size, f1, "dequantize_wide")
+    if f2 is not None:
+        f2 = np.ascontiguousarray(f2, dtype=np.float64)
+        _blocks_of(out.size, block_size, f2, "dequantize_wide")
+    if not out.size:
+        return 0
+    return int(_LIB.homagg_dequantize_wide(sums.ctypes.data, out.size, block_size, f1.ctypes.data,
+                                           None if f2 is None else f2.ctypes.data, out.ctypes.data))
 
 
 def quantize_at64(idx: np.ndarray, values: np.ndarray, block_size: int, f1: np.ndarray, f2: np.ndarray | None,

@@ -162,3 +162,21 @@ def test_two_tier_bmv2_tree_uplinks_carry_one_stream_per_rack(tmp_path: Path,
             f"{runs[False]}, tree {runs[True]}, tree/spine-only {[round(r, 3) for r in ratios]}")
     record_property("homagg_report", line)
     assert all(0.4 < r < 0.62 for r in ratios), line
+
+
+def test_two_tier_emulator_tree(tmp_path: Path) -> None:
+    """Two racks whose leaves run emulators that aggregate (a tree, docs/trees.md) under an emulator
+    spine: exact and bit-identical to one switch, every scheme, 1% loss on the workers' links; each
+    leaf's uses went up once and came down once; the spine's members are the leaves."""
+    from topologies._deploy import LinkOpts
+    from topologies.runner import run_experiment
+
+    schemes = ["dense", "compact", "sketch", "auto"]
+    s = run_experiment("two_tier", "emulator", 4, LinkOpts(loss=1.0), tmp_path / "run", racks=2, numel=4000,
+                       schemes=",".join(schemes), timeout=300, pcap=False, tree=True)
+    _check(s, 4, schemes)
+    status = s["switch_status"]
+    spine, leaves = status["hgsp"]["counters"], [status["hgl0"]["counters"], status["hgl1"]["counters"]]
+    assert spine["up"] == 0 and spine["accepted"] == 2 * spine["completed"] > 0, status
+    for c in leaves:
+        assert c["up"] == c["result_down"] == spine["completed"], status

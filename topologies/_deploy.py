@@ -115,6 +115,9 @@ class Deployment:
     raw_ifaces: list[str] = field(default_factory=list)  # switch ports served by the raw backend
     #: two_tier: each leaf's uplink as (the node that owns it, its interface name), leaf order
     uplinks: list[tuple[Any, str]] = field(default_factory=list)
+    #: two_tier with aggregating leaves (a tree): per leaf, (its data address as the spine sees it,
+    #: the spine's data address as the leaf sees it)
+    tree_links: list[tuple[tuple[str, int], tuple[str, int]]] = field(default_factory=list)
 
     def uplink_bytes(self) -> list[dict[str, int]]:
         """Bytes each uplink has sent up (``up``: the leaf's transmit counter) and down (``down``:

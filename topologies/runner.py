@@ -78,30 +78,36 @@ def _tree_jobs(dep: Deployment, job: Any, racks: int) -> tuple[Any, list[Any]]:
     from dataclasses import replace
 
     from homagg.jobs import WorkerAddr
-    from homagg.wire import HOMAGG_UDP_PORT
 
-    from ._addresses import SERVICE_IP, leaf_service
     from .two_tier import rack_of
 
     world = len(dep.workers)
-    spine = replace(job, world_size=racks, workers=tuple(WorkerAddr(l, leaf_service(l)[0], HOMAGG_UDP_PORT)
+    spine = replace(job, world_size=racks, workers=tuple(WorkerAddr(l, *dep.tree_links[l][0])
                                                           for l in range(racks))).validate()
     leaves = []
     for l in range(racks):
         ranks = [r for r in range(world) if rack_of(r, world, racks) == l]
-        leaves.append(replace(job, world_size=len(ranks), parent=(SERVICE_IP, HOMAGG_UDP_PORT), child_id=l,
+        leaves.append(replace(job, world_size=len(ranks), parent=dep.tree_links[l][1], child_id=l,
                               workers=tuple(WorkerAddr(i, dep.workers[r].ip, WORKER_PORT)
                                             for i, r in enumerate(ranks))).validate())
     return spine, leaves
 
 
-def _start_emulator(dep: Deployment, out: Path, job_file: Path) -> None:
-    sw = dep.switch_nodes[-1]
-    log = out / "logs" / "switch.log"
+def _emulator_nodes(dep: Deployment, tree: bool) -> list[tuple[Any, str]]:
+    """The emulator hosts and their names in the results folder: the spine alone (``switch``), or
+    with aggregating leaves every switch of the tree (its node name)."""
+    if tree:
+        return [(n, n.name) for n in dep.switch_nodes]
+    return [(dep.switch_nodes[-1], "switch")]
+
+
+def _start_emulator(dep: Deployment, out: Path, job_file: Path, sw: Any = None, name: str = "switch") -> None:
+    sw = sw if sw is not None else dep.switch_nodes[-1]
+    log = out / "logs" / f"{name}.log"
     raw = [a for i in dep.raw_ifaces for a in ("--iface", i)]
     dep.python(sw, ["-m", "switch_emulator", "--listen", f"0.0.0.0:{dep.data_port}",
                     "--control", f"127.0.0.1:{dep.control_port}", "--jobs", str(job_file), "--ready-json",
-                    "--secret-file", str(out / "switch.secret"),
+                    "--secret-file", str(out / f"{name}.secret"),
                     *(["--backend", "raw", *raw] if raw else [])], log)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -113,11 +119,11 @@ def _start_emulator(dep: Deployment, out: Path, job_file: Path) -> None:
     raise RuntimeError(f"the emulator did not start; see {log}:\n{log.read_text(errors='replace')[-2000:]}")
 
 
-def _emulator_status(dep: Deployment, out: Path) -> dict[str, Any]:
-    sw = dep.switch_nodes[-1]
+def _emulator_status(dep: Deployment, out: Path, sw: Any = None, name: str = "switch") -> dict[str, Any]:
+    sw = sw if sw is not None else dep.switch_nodes[-1]
     code = ("import json,sys;from homagg.transport import ControlClient;"
             f"print(json.dumps(ControlClient(('127.0.0.1',{dep.control_port})).status()))")
-    text = sw.cmd(f"HOMAGG_SWITCH_SECRET_FILE={out / 'switch.secret'} {sys.executable} -c \"{code}\"")
+    text = sw.cmd(f"HOMAGG_SWITCH_SECRET_FILE={out / (name + '.secret')} {sys.executable} -c \"{code}\"")
     try:
         return json.loads(text.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -131,8 +137,9 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
                    forge: int = 0, tree: bool = False) -> dict[str, Any]:
     """Run one experiment; return the summary (also written to ``<out>/results.json``).
 
-    ``tree`` (two_tier, bmv2): the leaves aggregate their racks and the spine the leaves
-    (docs/trees.md); each switch of ``job.json`` has its own job, every worker sends to its leaf.
+    ``tree`` (two_tier): the leaves aggregate their racks and the spine the leaves (docs/trees.md);
+    every worker sends to its leaf; each switch has its own job (BMv2: in ``job.json``'s
+    ``bmv2.switches``; emulators: ``job-<switch>.json``), its status under its name.
 
     ``forge``: every worker first sends that many datagrams with a wrong job token from its own
     address (the switch must drop and count them: ``drop_token``; were one accepted, no result
@@ -160,10 +167,16 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
             extra = dep.bmv2_config  # type: ignore[attr-defined]
         worker_jobs = [job] * workers  # each worker's job at its switch, and its worker id there
         worker_ids = list(range(workers))
+        own_files: list[Path] = []  # an emulator tree: each switch's job file, switch_nodes order
         if tree:
             spine_job, leaf_jobs = _tree_jobs(dep, job, racks)
-            for d, own in zip(extra["bmv2"]["switches"], [spine_job, *leaf_jobs]):
-                d["jobs"] = [own.to_dict()]
+            for i, own in enumerate([spine_job, *leaf_jobs]):  # switch_nodes: the spine, then the leaves
+                if switch == "bmv2":
+                    extra["bmv2"]["switches"][i]["jobs"] = [own.to_dict()]
+                else:
+                    own_files.append(out / f"job-{dep.switch_nodes[i].name}.json")
+                    own_files[-1].write_text(json.dumps({"jobs": [own.to_dict()]}, indent=2))
+                    own_files[-1].chmod(0o600)
             for leaf_job in leaf_jobs:
                 for w in leaf_job.workers:
                     r = next(i for i, site in enumerate(dep.workers) if site.ip == w.ip)
@@ -178,7 +191,8 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
                                  str(out / "pcaps" / f"{intf}.pcap")], out / "logs" / f"tcpdump-{intf}.log")
             time.sleep(0.5)
         if switch == "emulator":
-            _start_emulator(dep, out, job_file)
+            for (node, name), f in zip(_emulator_nodes(dep, tree), own_files or [job_file]):
+                _start_emulator(dep, out, f, node, name)
         else:
             dep.start_bmv2(out, job_file)  # type: ignore[attr-defined]
         uplinks_before = dep.uplink_bytes()
@@ -205,7 +219,11 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
             ranks.append(json.loads(f.read_text()) if f.exists() else {"rank": r, "ok": False, "error": "no report"})
         summary["ranks"] = ranks
         summary["ok"] = all(r.get("ok") for r in ranks) and all(p.returncode == 0 for p in procs)
-        summary["switch_status"] = _emulator_status(dep, out) if switch == "emulator" else dep.bmv2_status()  # type: ignore[attr-defined]
+        if switch == "emulator":
+            status = {name: _emulator_status(dep, out, node, name) for node, name in _emulator_nodes(dep, tree)}
+            summary["switch_status"] = status if tree else status["switch"]
+        else:
+            summary["switch_status"] = dep.bmv2_status()  # type: ignore[attr-defined]
     except Exception as exc:  # noqa: BLE001 - recorded, then re-raised after teardown
         summary["error"] = f"{type(exc).__name__}: {exc}"
         raise
@@ -241,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--forge", type=int, default=0,
                    help="each worker first sends N datagrams with a wrong job token (dropped: drop_token)")
     p.add_argument("--tree", action="store_true",
-                   help="two_tier, bmv2: the leaves aggregate their racks, the spine the leaves (docs/trees.md)")
+                   help="two_tier: the leaves aggregate their racks, the spine the leaves (docs/trees.md)")
     a = p.parse_args(argv)
     try:
         s = run_experiment(a.topo, a.switch, a.workers, LinkOpts(a.bw, a.delay, a.loss), a.out, a.racks, a.numel,

@@ -1,15 +1,17 @@
 """Two-tier: racks of workers under leaf switches, one spine that aggregates.
 
 By default aggregation happens at one level, the spine: leaves are plain L2 switches; the spine
-sees every worker's packets and the multicast reaches every rack.  With ``tree`` (``--switch
-bmv2`` only so far) the leaves aggregate too (docs/trees.md): each leaf has a service address
-(:func:`topologies._addresses.leaf_service`), its rack's workers send to it, it sends each
-completed use up to the spine as one worker (its child id = its rack) and passes the spine's
-result down to its rack; the spine's members are the leaves.
+sees every worker's packets and the multicast reaches every rack.  With ``tree`` the leaves
+aggregate too (docs/trees.md): its rack's workers send to their leaf, which sends each completed
+use up to the spine as one worker (its child id = its rack) and passes the spine's result down to
+its rack; the spine's members are the leaves (``Deployment.tree_links``: per leaf, its data
+address as the spine sees it and the spine's as it sees it).
 
 ``--switch emulator``: leaves are Mininet hosts bridging their ports (Linux bridge); the spine is a
 host running the emulator with one interface per rack (rack ``l`` is ``10.0.<l+1>.0/24``, the
-spine is ``.254`` in it).  ``--switch bmv2``: leaves and spine all run ``p4/homagg.p4``; leaves have
+spine is ``.254`` in it).  With ``tree`` each leaf runs an emulator too, at ``10.0.<l+1>.254`` on
+its bridge, and reaches the spine over a routed uplink (``10.9.<l>.1`` -> ``10.9.<l>.254``).
+``--switch bmv2``: leaves and spine all run ``p4/homagg.p4``; leaves have
 no service address (pure L2 forwarding), the spine aggregates (``10.0.0.254``); with ``tree`` the
 leaves have one too and every worker sends to its leaf's.
 """
@@ -33,8 +35,6 @@ def rack_of(rank: int, workers: int, racks: int) -> int:
 def build_two_tier(workers: int, switch: str, link: LinkOpts, racks: int = 2, tree: bool = False) -> Deployment:
     if not 1 <= racks <= workers:
         raise ValueError(f"racks must be in [1, workers], got {racks}")
-    if tree and switch != "bmv2":
-        raise ValueError("two_tier with aggregating leaves (tree) runs on bmv2 only so far")
     import_mininet()
     from mininet.link import TCLink
     from mininet.net import Mininet
@@ -54,16 +54,26 @@ def build_two_tier(workers: int, switch: str, link: LinkOpts, racks: int = 2, tr
             hosts.append(h)
         net.build()
         for l, leaf in enumerate(leaves):
+            uplink = f"{PREFIX}l{l}-up"
             leaf.cmd(f"ip link add br0 type bridge && ip link set br0 up")
             for intf in leaf.intfList():
-                if intf.name.startswith(f"{PREFIX}l{l}-"):
+                if intf.name.startswith(f"{PREFIX}l{l}-") and not (tree and intf.name == uplink):
                     leaf.cmd(f"ip addr flush dev {intf.name}; ip link set {intf.name} master br0; ip link set {intf.name} up")
-            spine.setIP(f"10.0.{l + 1}.254/24", intf=f"{PREFIX}sp-eth{l}")
+            if tree:  # the leaf's emulator: the rack's switch address on the bridge, a routed uplink
+                leaf.cmd(f"ip addr add 10.0.{l + 1}.254/24 dev br0")
+                leaf.setIP(f"10.9.{l}.1/24", intf=uplink)
+                spine.setIP(f"10.9.{l}.254/24", intf=f"{PREFIX}sp-eth{l}")
+            else:
+                spine.setIP(f"10.0.{l + 1}.254/24", intf=f"{PREFIX}sp-eth{l}")
         for r, h in enumerate(hosts):
             l = rack_of(r, workers, racks)
             sites.append(WorkerSite(h, f"10.0.{l + 1}.{r + 1}", f"10.0.{l + 1}.254", f"{PREFIX}h{r}-eth0"))
-        dep = Deployment(net, sites, "emulator", HOMAGG_UDP_PORT, HOMAGG_UDP_PORT + 1, switch_nodes=leaves + [spine])
+        dep = Deployment(net, sites, "emulator", HOMAGG_UDP_PORT, HOMAGG_UDP_PORT + 1,
+                         switch_nodes=([spine, *leaves] if tree else leaves + [spine]))
         dep.uplinks = [(leaf, f"{PREFIX}l{l}-up") for l, leaf in enumerate(leaves)]
+        if tree:
+            dep.tree_links = [((f"10.9.{l}.1", HOMAGG_UDP_PORT), (f"10.9.{l}.254", HOMAGG_UDP_PORT))
+                              for l in range(racks)]
     elif switch == "bmv2":
         from .bmv2 import Bmv2Switch
 
@@ -89,6 +99,9 @@ def build_two_tier(workers: int, switch: str, link: LinkOpts, racks: int = 2, tr
             sites.append(WorkerSite(h, f"10.0.0.{r + 1}", ip, f"{PREFIX}h{r}-eth0"))
         dep = Deployment(net, sites, "bmv2", HOMAGG_UDP_PORT, HOMAGG_UDP_PORT + 1, switch_nodes=[spine, *leaves])
         dep.uplinks = [(leaf, leaf.intfs[1].name) for leaf in leaves]  # port 1: up to the spine
+        if tree:
+            dep.tree_links = [((leaf_service(l)[0], HOMAGG_UDP_PORT), (SERVICE_IP, HOMAGG_UDP_PORT))
+                              for l in range(racks)]
         from .bmv2 import attach_two_tier
 
         attach_two_tier(dep, bmv2_hosts, racks, tree=tree)

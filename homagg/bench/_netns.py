@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 from .._errors import ConfigError, HomAggError
 from ..transport._auth import SECRET_ENV, SECRET_FILE_ENV, new_secret
@@ -43,7 +43,7 @@ from ..wire import words_for_mtu
 from ._cpu import SWITCH_PID_ENV
 from ._ranks import launch_ranks
 
-__all__ = ["StarNet", "SWITCH_IP", "MTU", "REPLICATIONS", "require_root", "shape", "start_emulator", "stop_emulator",
+__all__ = ["Namespaces", "StarNet", "SWITCH_IP", "MTU", "REPLICATIONS", "require_root", "shape", "start_emulator", "stop_emulator",
            "delete_namespaces"]
 
 SWITCH_IP = "10.77.255.1"
@@ -134,7 +134,42 @@ def delete_namespaces(made: list[str]) -> None:
         subprocess.run(["ip", "netns", "del", made.pop()], capture_output=True, timeout=30)
 
 
-class StarNet:
+class Namespaces:
+    """A context manager of network namespaces: entering needs root, builds (:meth:`_build`) and
+    starts the emulators (:meth:`_start_emulators`), and on any failure there undoes all of it;
+    leaving (or :meth:`close`) stops the emulators and deletes every namespace made."""
+
+    _made: list[str]
+
+    def __enter__(self) -> Self:
+        require_root()
+        try:
+            self._build()
+            self._start_emulators()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _build(self) -> None:
+        raise NotImplementedError
+
+    def _start_emulators(self) -> None:
+        raise NotImplementedError
+
+    def _stop_emulators(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop the emulators and delete every namespace created (idempotent)."""
+        self._stop_emulators()
+        delete_namespaces(self._made)
+
+
+class StarNet(Namespaces):
     """``world`` worker namespaces and one switch namespace, links shaped to ``bw_mbit``, every
     veth with MTU ``mtu`` (homagg datagrams fill one frame: :func:`homagg.wire.words_for_mtu`); results
     replicated by the bridge (``replication="multicast"``) or sent once per worker (``"unicast"``)."""
@@ -155,19 +190,6 @@ class StarNet:
         self._made: list[str] = []
 
     # ------------------------------------------------------------------ set-up / tear-down
-    def __enter__(self) -> StarNet:
-        require_root()
-        try:
-            self._build()
-            self._start_emulator()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _shape(self, ns: str, dev: str) -> None:
         shape(ns, dev, self.bw_mbit, self.mtu)
 
@@ -201,16 +223,14 @@ class StarNet:
             self._shape(sw, hs)  # bridge port egress: every copy of a flooded multicast frame too
         _in(sw, "ip", "link", "set", BRIDGE, "mtu", str(self.mtu), "up")
 
-    def _start_emulator(self) -> None:
+    def _start_emulators(self) -> None:
         self.emulator = start_emulator(self.switch_ns, SWITCH_IP, SWITCH_PORT, self.secret,
                                        multicast=self.replication == "multicast")
 
-    def close(self) -> None:
-        """Stop the emulator and delete every namespace created (idempotent)."""
+    def _stop_emulators(self) -> None:
         if self.emulator is not None:
             stop_emulator(self.emulator)
             self.emulator = None
-        delete_namespaces(self._made)
 
     # ------------------------------------------------------------------ ranks
     def rank_env(self, rank: int) -> dict[str, str]:

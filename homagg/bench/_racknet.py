@@ -44,8 +44,8 @@ from typing import Any
 from .._errors import ConfigError
 from ..transport._auth import SECRET_ENV, new_secret
 from ..wire import MAX_WORKERS, words_for_mtu
-from ._netns import BRIDGE, MAX_MTU, MTU, REPLICATIONS, SWITCH_IP, _in, _ip, delete_namespaces, require_root, shape
-from ._netns import start_emulator, stop_emulator
+from ._netns import BRIDGE, MAX_MTU, MTU, REPLICATIONS, SWITCH_IP, Namespaces, _in, _ip, shape, start_emulator
+from ._netns import stop_emulator
 from ._ranks import launch_ranks
 
 __all__ = ["RackNet", "Switches", "tree_engine", "ENGINES", "SWITCH_PORT", "ROOT_PORT"]
@@ -83,7 +83,7 @@ class Switches:
         return {"star": list(self.star), "root": list(self.root), "leaves": [list(a) for a in self.leaves]}
 
 
-class RackNet:
+class RackNet(Namespaces):
     """``racks`` leaves of ``rack_size`` workers each under one spine; worker links ``bw_mbit``,
     uplinks ``uplink_bw_mbit`` (both directions), MTU ``mtu``; leaves send results to their rack by
     ``replication`` (``multicast``: the rack's bridge copies; ``unicast``: one send per worker).
@@ -122,23 +122,7 @@ class RackNet:
         """A rack's worker links over its uplink: ``rack_size * bw / uplink_bw``."""
         return self.rack_size * self.bw_mbit / self.uplink_bw_mbit
 
-    def rack_of(self, rank: int) -> int:
-        return rank // self.rack_size
-
     # ------------------------------------------------------------------ set-up / tear-down
-    def __enter__(self) -> RackNet:
-        require_root()
-        try:
-            self._build()
-            self._start_emulators()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _namespace(self, ns: str) -> None:
         _ip("netns", "add", ns)
         self._made.append(ns)
@@ -202,11 +186,9 @@ class RackNet:
                                                         multicast=self.replication == "multicast",
                                                         engine=self.tree_engine)
 
-    def close(self) -> None:
-        """Stop the emulators and delete every namespace created (idempotent)."""
+    def _stop_emulators(self) -> None:
         while self.emulators:
             stop_emulator(self.emulators.popitem()[1])
-        delete_namespaces(self._made)
 
     # ------------------------------------------------------------------ ranks
     def emulator_pids(self, topology: str) -> list[int]:

@@ -43,11 +43,11 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
-from .jobs import JobSpec, WorkerAddr, format_addr, parse_addr, read_job_file
+from .jobs import JobSpec, WorkerAddr, parse_addr, read_job_file
 from .tree import MAX_TREE_RANKS, TreePlan
 from .wire import MAX_WORKERS
 
-__all__ = ["TreeSwitchAddr", "TreeJob", "load_tree_file", "is_tree_file", "parse_ranks"]
+__all__ = ["TreeSwitchAddr", "TreeJob", "load_tree_file", "tree_from_dict", "is_tree_file", "parse_ranks"]
 
 _TOP_KEYS = {"world_size", "token", "job_id", "slot_base", "n_slots", "words_per_packet", "switches"}
 _SWITCH_KEYS = {"name", "data", "control", "parent", "child_id", "ranks"}
@@ -113,39 +113,40 @@ class TreeJob:
         return JobSpec(job_id, self.members(index), slot_base, self.n_slots, self.words_per_packet, workers,
                        token=token, parent=parent, child_id=s.child_id).validate()
 
-    def validate(self) -> TreeJob:
-        """Return ``self`` if it keeps the module's invariants, else raise :class:`~homagg.ConfigError`."""
+    def validate(self, source: str = "tree") -> TreeJob:
+        """Return ``self`` if it keeps the module's invariants, else raise :class:`~homagg.ConfigError`
+        (its message starts with ``source``: the file)."""
         if not 1 <= self.world_size <= MAX_TREE_RANKS:
-            raise ConfigError(f"tree: world_size {self.world_size} outside 1..{MAX_TREE_RANKS}")
+            raise ConfigError(f"{source}: world_size {self.world_size} outside 1..{MAX_TREE_RANKS}")
         if not self.switches or self.switches[0].parent is not None:
-            raise ConfigError("tree: the first switch must be the root (no parent)")
+            raise ConfigError(f"{source}: the first switch must be the root (no parent)")
         names = [s.name for s in self.switches]
         datas = [s.data for s in self.switches]
         for what, seq in (("names", names), ("data addresses", datas)):
             if len(set(seq)) != len(seq):
-                raise ConfigError(f"tree: switch {what} must be unique, got {seq}")
+                raise ConfigError(f"{source}: switch {what} must be unique, got {seq}")
         served: dict[int, str] = {}
         for i, s in enumerate(self.switches):
             if i and (s.parent is None or not 0 <= s.parent < i):
-                raise ConfigError(f"tree: switch {s.name!r} needs a parent listed before it (one root, no cycles)")
+                raise ConfigError(f"{source}: switch {s.name!r} needs a parent listed before it (one root, no cycles)")
             kids = self.children(i)
             if kids and s.ranks:
-                raise ConfigError(f"tree: switch {s.name!r} serves ranks and has children {[c.name for c in kids]}: "
+                raise ConfigError(f"{source}: switch {s.name!r} serves ranks and has children {[c.name for c in kids]}: "
                                   "a switch is a leaf (ranks) or a parent of switches, not both")
             if [c.child_id for c in kids] != list(range(len(kids))):
-                raise ConfigError(f"tree: the children of {s.name!r} have child ids {[c.child_id for c in kids]}; "
+                raise ConfigError(f"{source}: the children of {s.name!r} have child ids {[c.child_id for c in kids]}; "
                                   f"expected 0..{len(kids) - 1}, each once")
             if not 1 <= self.members(i) <= MAX_WORKERS:
-                raise ConfigError(f"tree: switch {s.name!r} has {self.members(i)} members; a switch combines 1.."
+                raise ConfigError(f"{source}: switch {s.name!r} has {self.members(i)} members; a switch combines 1.."
                                   f"{MAX_WORKERS} (the worker bitmap)")
             for r in s.ranks:
                 if r in served:
-                    raise ConfigError(f"tree: rank {r} is served by {served[r]!r} and {s.name!r}")
+                    raise ConfigError(f"{source}: rank {r} is served by {served[r]!r} and {s.name!r}")
                 served[r] = s.name
         missing = sorted(set(range(self.world_size)) - set(served))
         extra = sorted(set(served) - set(range(self.world_size)))
         if missing or extra:
-            raise ConfigError(f"tree: the leaves must serve ranks 0..{self.world_size - 1} exactly; "
+            raise ConfigError(f"{source}: the leaves must serve ranks 0..{self.world_size - 1} exactly; "
                               f"missing {_short(missing)}, outside {_short(extra)}")
         return self
 
@@ -240,7 +241,7 @@ def tree_from_dict(d: Any, *, source: str = "tree job") -> TreeJob:
     if token is not None and not 0 < token < 1 << 32:
         raise ConfigError(f"{source}: token {token:#x} outside 1..2**32-1")
     return TreeJob(world, tuple(switches), token, _int(d, "job_id", None, source), _int(d, "slot_base", None, source),
-                   _int(d, "n_slots", 64, source), _int(d, "words_per_packet", 32, source)).validate()  # type: ignore[arg-type]
+                   _int(d, "n_slots", 64, source), _int(d, "words_per_packet", 32, source)).validate(source)  # type: ignore[arg-type]
 
 
 def load_tree_file(path: str | Path) -> TreeJob:
@@ -248,9 +249,3 @@ def load_tree_file(path: str | Path) -> TreeJob:
     what is wrong."""
     return tree_from_dict(read_job_file(path), source=str(path))
 
-
-def describe(tree: TreeJob) -> str:
-    """One line per switch (for logs and errors)."""
-    return "; ".join(f"{s.name} {format_addr(s.data)}" + (f" under {tree.switches[s.parent].name}#{s.child_id}"
-                                                          if s.parent is not None else " (root)")
-                     for s in tree.switches)

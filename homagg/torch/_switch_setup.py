@@ -29,6 +29,7 @@ import torch.distributed as dist
 from .._errors import ConfigError, HomAggError, RankTimeoutError, TransportError
 from ..transport import GlooSwitchPort, transport_error
 from ._config import BackendConfig
+from ..wire import MAX_WORKERS
 from ._link import SwitchLink
 
 __all__ = ["SwitchLink", "open_switch", "reopen_switch", "probe_switch", "await_ranks", "report_failure",
@@ -77,10 +78,8 @@ def open_switch(
     if config.switch == "gloo":
         port = GlooSwitchPort(private_gloo, rank, size, timeout_s=group_timeout_s)
         return SwitchLink(port, "gloo", _closers=[port.close])
-    from . import _udp_link  # imports the transport and the emulator only when they are used
-
     try:
-        return _udp_link.open_udp(config, store, rank, size, group_id, group_timeout_s, _store_get, _SWITCH_KEY)
+        return _open_udp(config, store, rank, size, group_id, group_timeout_s, _SWITCH_KEY)
     except HomAggError:
         raise
     except OSError as exc:
@@ -92,25 +91,45 @@ def reopen_switch(config: BackendConfig, store: dist.Store, rank: int, size: int
     """A new link to the group's switch after it failed (collective, like :func:`open_switch`):
     rank 0 admits a new job (the embedded emulator is started again if it died) and publishes it
     under a key of its own (``epoch``), every rank registers a new port."""
-    from . import _udp_link
-
     try:
-        return _udp_link.open_udp(config, store, rank, size, group_id, group_timeout_s, _store_get,
-                                  f"{_SWITCH_KEY}/{epoch}")
+        return _open_udp(config, store, rank, size, group_id, group_timeout_s, f"{_SWITCH_KEY}/{epoch}")
     except HomAggError:
         raise
     except OSError as exc:
         raise TransportError(f"homagg: cannot reach the switch again ({config.switch}): {exc}") from exc
 
 
+def _open_udp(config: BackendConfig, store: dist.Store, rank: int, size: int, group_id: str, group_timeout_s: float,
+              key: str) -> SwitchLink:
+    """One switch (:mod:`._udp_link`), or a tree of switches (:mod:`._tree_link`) for a tree job
+    file or an embedded group of more ranks than one switch takes; each imports the transport and
+    the emulator only when used."""
+    if config.tree_file is not None or (config.switch == "embedded" and size > MAX_WORKERS):
+        from ._tree_link import open_tree
+
+        return open_tree(config, store, rank, size, group_timeout_s, _store_get, key)
+    from . import _udp_link
+
+    return _udp_link.open_udp(config, store, rank, size, group_id, group_timeout_s, _store_get, key)
+
+
 def probe_switch(config: BackendConfig, link: SwitchLink, timeout_s: float = 0.5) -> bool:
-    """Does the failed switch answer again?  An embedded emulator is started anew by
+    """Does the failed switch answer again?  An embedded emulator (or tree) is started anew by
     :func:`reopen_switch` (always worth a try); an external switch must accept a connection on its
-    control port (the same test as :class:`~homagg.transport._liveness.Liveness`)."""
+    control port (the same test as :class:`~homagg.transport._liveness.Liveness`), every switch of
+    a tree job file on theirs."""
     if config.switch == "embedded":
         return True
     from ..transport._liveness import control_silent
 
+    if config.tree_file is not None:  # every switch of the tree must answer
+        from .._treefile import load_tree_file
+
+        try:
+            switches = load_tree_file(config.tree_file).switches
+        except ConfigError:
+            return False  # the file went bad meanwhile: nothing to return to
+        return all(control_silent(s.control, timeout_s) is None for s in switches)
     control = config.control_address or link.control
     return control is not None and control_silent(control, timeout_s) is None
 

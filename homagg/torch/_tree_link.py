@@ -5,7 +5,8 @@ Two sources of the tree:
 * **embedded** (the default, ``world_size > 32``): group rank 0 starts one emulator per switch of
   :func:`homagg.tree.plan_tree`'s plan on this machine (2 leaves and a root at 33..64 ranks, up to
   32 leaves at 1024), all with one fresh control secret, and stops them when the group's link
-  closes.  They run the Python engine (the reference of the child role).
+  closes.  Each runs the emulator's default engine (native where built; both engines have the
+  child role).
 * **a tree job file** (``switch = /path/tree.toml``, :mod:`homagg._treefile`): external switches
   at the addresses it names; each rank finds their control secret itself
   (``HOMAGG_SWITCH_SECRET`` / ``HOMAGG_SWITCH_SECRET_FILE``).
@@ -44,12 +45,10 @@ from .._treefile import TreeJob, load_tree_file
 from ._config import BackendConfig
 from ._link import SwitchLink
 
-__all__ = ["open_tree", "TreeWatch", "TREE_ENGINE"]
+__all__ = ["open_tree", "TreeWatch"]
 
 _CLOSE_WAIT_S = 10.0
 _START_TIMEOUT_S = 60.0
-#: the emulator engine of an embedded tree: the native engine has no child role yet
-TREE_ENGINE = "python"
 
 
 def _spawn_tree(host: str, count: int, secret: str) -> list[Any]:
@@ -64,7 +63,7 @@ def _spawn_tree(host: str, count: int, secret: str) -> list[Any]:
     def start(i: int) -> None:
         try:
             started[i] = switch_emulator.spawn(
-                listen=(host, 0), control=(host, 0), timeout=_START_TIMEOUT_S, secret=secret, engine=TREE_ENGINE,
+                listen=(host, 0), control=(host, 0), timeout=_START_TIMEOUT_S, secret=secret,
                 allow_faults=os.environ.get("HOMAGG_EMULATOR_FAULTS", "0") == "1",
                 log_level=os.environ.get("HOMAGG_EMULATOR_LOG_LEVEL", "warning"))
         except BaseException as exc:  # noqa: BLE001 - re-raised below, after the others are stopped

@@ -144,12 +144,7 @@ def open_udp(
 ) -> SwitchLink:
     from ..jobs import P4, JobSpec
     from ..transport import ControlClient, UdpSwitchPort
-    from ..wire import MAX_WORKERS
 
-    if config.tree_file is not None or (config.switch == "embedded" and size > MAX_WORKERS):
-        from ._tree_link import open_tree  # more ranks than one switch takes: a tree of switches
-
-        return open_tree(config, store, rank, size, group_timeout_s, store_get, key)
     emulator = None
     host = ""
     if rank == 0:

@@ -37,6 +37,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("torchsuite",), "homagg.torch._suite", "run PyTorch's distributed test suite against homagg and gloo; fail on regressions"),
     (("p4", "build"), "homagg.p4._build", "compile p4/homagg.p4 with p4c-bm2-ss (--target tofino|tofino2: p4/tofino with bf-p4c)"),
     (("control",), "homagg.p4._control", "P4Runtime controller for a BMv2 switch"),
+    (("mininet",), "topologies.runner", "an experiment on a Mininet topology (star, two_tier; emulator or BMv2; root)"),
 )
 
 

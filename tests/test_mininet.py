@@ -166,17 +166,30 @@ def test_two_tier_bmv2_tree_uplinks_carry_one_stream_per_rack(tmp_path: Path,
 
 def test_two_tier_emulator_tree(tmp_path: Path) -> None:
     """Two racks whose leaves run emulators that aggregate (a tree, docs/trees.md) under an emulator
-    spine: exact and bit-identical to one switch, every scheme, 1% loss on the workers' links; each
-    leaf's uses went up once and came down once; the spine's members are the leaves."""
+    spine: exact and bit-identical to one switch, every scheme, 1% loss on the workers' links (100
+    Mbit/s), uplinks shaped to 50 Mbit/s; each leaf's uses went up once and came down once; the
+    spine's members are the leaves."""
     from topologies._deploy import LinkOpts
     from topologies.runner import run_experiment
 
     schemes = ["dense", "compact", "sketch", "auto"]
-    s = run_experiment("two_tier", "emulator", 4, LinkOpts(loss=1.0), tmp_path / "run", racks=2, numel=4000,
-                       schemes=",".join(schemes), timeout=300, pcap=False, tree=True)
+    s = run_experiment("two_tier", "emulator", 4, LinkOpts(bw=100, loss=1.0), tmp_path / "run", racks=2,
+                       numel=4000, schemes=",".join(schemes), timeout=300, pcap=False, tree=True,
+                       uplink=LinkOpts(bw=50))
     _check(s, 4, schemes)
+    assert s["oversubscription"] == 4.0  # 2 workers x 100 Mbit/s per rack over a 50 Mbit/s uplink
     status = s["switch_status"]
     spine, leaves = status["hgsp"]["counters"], [status["hgl0"]["counters"], status["hgl1"]["counters"]]
     assert spine["up"] == 0 and spine["accepted"] == 2 * spine["completed"] > 0, status
     for c in leaves:
         assert c["up"] == c["result_down"] == spine["completed"], status
+
+
+def test_mininet_command_refuses_bad_uplink_options(capsys: pytest.CaptureFixture[str]) -> None:
+    """``homagg mininet`` (the runner's verb): a bad ``--uplink-bw`` is refused before anything starts."""
+    from homagg.cli import main
+
+    assert main(["mininet", "--topo", "two_tier", "--uplink-bw", "0"]) == 2
+    assert "--uplink-bw 0.0: a bandwidth in Mbit/s > 0" in capsys.readouterr().err
+    assert main(["mininet", "--topo", "star", "--uplink-bw", "10"]) == 2
+    assert "only two_tier has uplinks" in capsys.readouterr().err

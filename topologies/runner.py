@@ -1,6 +1,6 @@
 """Run an experiment on a Mininet topology and collect everything into one folder.
 
-``python -m topologies.runner --topo star --switch emulator --workers 4 --loss 1``
+``homagg mininet --topo star --switch emulator --workers 4 --loss 1`` (or ``python -m topologies.runner``)
 
 1. builds the topology (:mod:`topologies.star` or :mod:`topologies.two_tier`) with TCLinks,
 2. writes the job description (``job.json``: every worker's address is ``(its ip, 18500)``, so no
@@ -24,10 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from homagg._errors import ConfigError
+
 from ._deploy import Deployment, LinkOpts
 from ._mn import mininet_missing
 
-__all__ = ["run_experiment", "main", "remove_leftovers", "WORKER_PORT"]
+__all__ = ["run_experiment", "configure_parser", "run", "main", "remove_leftovers", "WORKER_PORT"]
 
 #: every worker sends from (its ip, WORKER_PORT); not HOMAGG_UDP_PORT, which marks the switch's own
 #: results (the raw emulator backend ignores frames from it)
@@ -45,8 +47,14 @@ def remove_leftovers(prefix: str = "hg") -> None:
                 subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
 
 
+def _racks(workers: int, racks: int) -> list[list[int]]:
+    from .two_tier import rack_of
+
+    return [[r for r in range(workers) if rack_of(r, workers, racks) == l] for l in range(racks)]
+
+
 def _build(topo: str, workers: int, switch: str, link: LinkOpts, racks: int, emulator_backend: str,
-           tree: bool = False) -> Deployment:
+           tree: bool = False, uplink: LinkOpts | None = None) -> Deployment:
     if tree and topo != "two_tier":
         raise ValueError(f"tree: the leaves of two_tier aggregate; {topo} has one switch")
     if topo == "star":
@@ -58,7 +66,7 @@ def _build(topo: str, workers: int, switch: str, link: LinkOpts, racks: int, emu
 
         if emulator_backend != "udp":
             raise ValueError("two_tier runs the emulator with its UDP backend only")
-        return build_two_tier(workers, switch, link, racks=racks, tree=tree)
+        return build_two_tier(workers, switch, link, racks=racks, tree=tree, uplink=uplink)
     raise ValueError(f"unknown topology {topo!r}")
 
 
@@ -79,14 +87,10 @@ def _tree_jobs(dep: Deployment, job: Any, racks: int) -> tuple[Any, list[Any]]:
 
     from homagg.jobs import WorkerAddr
 
-    from .two_tier import rack_of
-
-    world = len(dep.workers)
     spine = replace(job, world_size=racks, workers=tuple(WorkerAddr(l, *dep.tree_links[l][0])
                                                           for l in range(racks))).validate()
     leaves = []
-    for l in range(racks):
-        ranks = [r for r in range(world) if rack_of(r, world, racks) == l]
+    for l, ranks in enumerate(_racks(len(dep.workers), racks)):
         leaves.append(replace(job, world_size=len(ranks), parent=dep.tree_links[l][1], child_id=l,
                               workers=tuple(WorkerAddr(i, dep.workers[r].ip, WORKER_PORT)
                                             for i, r in enumerate(ranks))).validate())
@@ -134,12 +138,13 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
                    out: Path | None = None, racks: int = 2, numel: int = 20000, density: float = 0.01,
                    schemes: str = "dense,compact,sketch,auto", n_slots: int = 64, words: int = 32,
                    pcap: bool = True, timeout: float = 240.0, emulator_backend: str = "udp",
-                   forge: int = 0, tree: bool = False) -> dict[str, Any]:
+                   forge: int = 0, tree: bool = False, uplink: LinkOpts | None = None) -> dict[str, Any]:
     """Run one experiment; return the summary (also written to ``<out>/results.json``).
 
     ``tree`` (two_tier): the leaves aggregate their racks and the spine the leaves (docs/trees.md);
     every worker sends to its leaf; each switch has its own job (BMv2: in ``job.json``'s
-    ``bmv2.switches``; emulators: ``job-<switch>.json``), its status under its name.
+    ``bmv2.switches``; emulators: ``job-<switch>.json``), its status under its name.  ``uplink``
+    (two_tier): each leaf-spine link's parameters (its bandwidth: the uplink speed).
 
     ``forge``: every worker first sends that many datagrams with a wrong job token from its own
     address (the switch must drop and count them: ``drop_token``; were one accepted, no result
@@ -158,7 +163,9 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
                                "numel": numel, "density": density, "folder": str(out), "ok": False,
                                "tree": tree}
     try:
-        dep = _build(topo, workers, switch, link, racks, emulator_backend, tree)
+        dep = _build(topo, workers, switch, link, racks, emulator_backend, tree, uplink)
+        if uplink is not None and uplink.bw and link.bw:
+            summary["oversubscription"] = round(max(len(r) for r in _racks(workers, racks)) * link.bw / uplink.bw, 3)
         summary["loss_emulation"] = dep.apply_loss(link) or ("netem" if link.loss else None)
         job = _job(dep, n_slots, words if switch == "emulator" else min(words, 32))
         job_file = out / "job.json"
@@ -236,9 +243,8 @@ def run_experiment(topo: str = "star", switch: str = "emulator", workers: int = 
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m topologies.runner", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    """The experiment's options (``homagg mininet`` and ``python -m topologies.runner``)."""
     p.add_argument("--topo", choices=("star", "two_tier"), default="star")
     p.add_argument("--switch", choices=("emulator", "bmv2"), default="emulator")
     p.add_argument("--workers", type=int, default=4)
@@ -260,11 +266,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="each worker first sends N datagrams with a wrong job token (dropped: drop_token)")
     p.add_argument("--tree", action="store_true",
                    help="two_tier: the leaves aggregate their racks, the spine the leaves (docs/trees.md)")
-    a = p.parse_args(argv)
+    p.add_argument("--uplink-bw", type=float, default=None,
+                   help="two_tier: bandwidth of each leaf's uplink to the spine, Mbit/s (default: unshaped); the "
+                        "oversubscription is a rack's workers x --bw / --uplink-bw")
+
+
+def run(a: argparse.Namespace) -> int:
+    """Run the experiment ``a`` describes; print each rank's line and the folder; the exit status."""
+    if a.uplink_bw is not None and not a.uplink_bw > 0:
+        raise ConfigError(f"--uplink-bw {a.uplink_bw}: a bandwidth in Mbit/s > 0")
+    if a.uplink_bw is not None and a.topo != "two_tier":
+        raise ConfigError("--uplink-bw: only two_tier has uplinks")
     try:
         s = run_experiment(a.topo, a.switch, a.workers, LinkOpts(a.bw, a.delay, a.loss), a.out, a.racks, a.numel,
                            a.density, a.schemes, a.slots, a.words, not a.no_pcap, a.timeout, a.emulator_backend,
-                           a.forge, a.tree)
+                           a.forge, a.tree, None if a.uplink_bw is None else LinkOpts(bw=a.uplink_bw))
     except Exception as exc:  # noqa: BLE001
         print(f"experiment failed: {exc}", file=sys.stderr)
         return 1
@@ -278,6 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {r['rank']}: {line or r.get('error')}")
     print(s["folder"])
     return 0 if s["ok"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m topologies.runner", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    configure_parser(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,10 @@ def rack_of(rank: int, workers: int, racks: int) -> int:
     return rank * racks // workers
 
 
-def build_two_tier(workers: int, switch: str, link: LinkOpts, racks: int = 2, tree: bool = False) -> Deployment:
+def build_two_tier(workers: int, switch: str, link: LinkOpts, racks: int = 2, tree: bool = False,
+                   uplink: LinkOpts | None = None) -> Deployment:
+    """Racks of workers (``link``: each worker's link) under leaves under one spine; ``uplink``:
+    each leaf-spine link's parameters (default: unshaped); ``tree``: the leaves aggregate."""
     if not 1 <= racks <= workers:
         raise ValueError(f"racks must be in [1, workers], got {racks}")
     import_mininet()
@@ -40,12 +43,13 @@ def build_two_tier(workers: int, switch: str, link: LinkOpts, racks: int = 2, tr
     from mininet.net import Mininet
 
     net = Mininet(topo=None, link=TCLink, controller=None, build=False, autoSetMacs=False)
+    up = uplink.params() if uplink is not None else {}
     sites: list[WorkerSite] = []
     if switch == "emulator":
         spine = net.addHost(f"{PREFIX}sp", ip=None)
         leaves = [net.addHost(f"{PREFIX}l{l}", ip=None) for l in range(racks)]
         for l, leaf in enumerate(leaves):
-            net.addLink(leaf, spine, intfName1=f"{PREFIX}l{l}-up", intfName2=f"{PREFIX}sp-eth{l}")
+            net.addLink(leaf, spine, intfName1=f"{PREFIX}l{l}-up", intfName2=f"{PREFIX}sp-eth{l}", **up)
         hosts = []
         for r in range(workers):
             l = rack_of(r, workers, racks)
@@ -81,7 +85,7 @@ def build_two_tier(workers: int, switch: str, link: LinkOpts, racks: int = 2, tr
         leaves = [net.addSwitch(f"{PREFIX}l{l}", cls=Bmv2Switch, device_id=l + 1, grpc_port=9560 + l,
                                 thrift_port=9091 + l) for l in range(racks)]
         for l, leaf in enumerate(leaves):
-            net.addLink(leaf, spine, port1=1, port2=l + 1)
+            net.addLink(leaf, spine, port1=1, port2=l + 1, **up)
         hosts = []
         leaf_ports: list[int] = [1] * racks
         bmv2_hosts = []

@@ -36,12 +36,12 @@ from typing import Any
 from .. import _options as opt
 from .._errors import ConfigError, HomAggError
 from ..wire import MAX_WORKERS, words_for_mtu
-from ._allreduce import _machine, _merge, _sweep
+from ._allreduce import _machine, _merge, _names, _sweep
 from ._load import BackgroundLoad, describe_load
 from ._netns import require_root
 from ._racknet import RackNet
 from ._ranks import RECORD_MARK
-from ._report import load_range, out_folder, write_report
+from ._report import counts, load_range, out_folder, write_report
 
 __all__ = ["add_racks_arguments", "run_racks", "TOPOLOGIES"]
 
@@ -51,7 +51,7 @@ RACK_SIZE = 4  #: default workers per rack
 
 def add_racks_arguments(parser: argparse.ArgumentParser) -> None:
     """``--racks``, ``--rack-size``, ``--uplink-bw``, ``--topologies``, ``--engine``."""
-    parser.add_argument("--racks", default=None, type=lambda t: [int(p) for p in t.split(",") if p.strip()],
+    parser.add_argument("--racks", default=None, type=counts,
                         help="two tiers: R racks (leaf switch hosts) under one spine, a comma list to sweep; "
                              "compares the tree, the star at the spine and gloo's ring (world = R x --rack-size)")
     parser.add_argument("--rack-size", type=int, default=RACK_SIZE,
@@ -59,15 +59,14 @@ def add_racks_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--uplink-bw", type=float, default=None,
                         help="--racks: each leaf's uplink rate in Mbit/s, both ways (default: --bw; "
                              "oversubscription = rack size x bw / uplink bw)")
-    parser.add_argument("--topologies", default=",".join(TOPOLOGIES),
-                        type=lambda t: [p.strip() for p in t.split(",") if p.strip()],
+    parser.add_argument("--topologies", default=",".join(TOPOLOGIES), type=_names,
                         help="--racks: homagg's arrangements to run (default tree,star)")
     parser.add_argument("--engine", default="auto", choices=("auto", "python", "native"),
                         help="--racks: the emulators' engine (default auto: native where built; the tree's "
                              "emulators run python where the native engine has no tree roles)")
 
 
-def _check(args: argparse.Namespace, bws: list[float]) -> tuple[list[int], dict[str, Any]]:
+def _check(args: argparse.Namespace) -> tuple[list[int], dict[str, Any]]:
     """The rack counts and the sweep; :class:`ConfigError` naming the first bad option."""
     if args.world is not None:
         raise ConfigError("--world: with --racks the world size is --racks x --rack-size; leave --world out")
@@ -186,7 +185,7 @@ def markdown_racks(records: list[dict[str, Any]]) -> str:
 
 def run_racks(args: argparse.Namespace, bws: list[float]) -> int:
     """The sweep over ``bws`` x ``--racks``; exit 0, or :class:`HomAggError` if a result was not exact."""
-    racks_list, sweep = _check(args, bws)
+    racks_list, sweep = _check(args)
     require_root()
     out_dir = out_folder(args.out, "net")
     machine = _machine()

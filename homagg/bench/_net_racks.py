@@ -36,7 +36,7 @@ from typing import Any
 from .. import _options as opt
 from .._errors import ConfigError, HomAggError
 from ..wire import MAX_WORKERS, words_for_mtu
-from ._allreduce import _machine, _merge, _names, _sweep
+from ._allreduce import _cpu_cell, _fmt, _machine, _merge, _ms, _names, _sweep
 from ._load import BackgroundLoad, describe_load
 from ._netns import require_root
 from ._racknet import RackNet
@@ -160,12 +160,13 @@ def _measure(net: RackNet, sweep: dict[str, Any], args: argparse.Namespace,
 
 
 def markdown_racks(records: list[dict[str, Any]]) -> str:
-    """One row per record: time, speedups, bytes per uplink per call (mean over racks), exactness."""
+    """One row per record: time, speedups, bytes per uplink per call (mean over racks), the ranks' and
+    the arrangement's emulators' CPU per call, exactness."""
     rows = sorted(records, key=lambda r: (r["racks"], r["numel"], r["density"], r["topology"] != "ring",
                                           r["scheme"] or "", r["topology"]))
     out = ["| racks x size | numel | density | method | topology | engine | median ms | x gloo | x star | "
-           "uplink MB up/down per call | streams/uplink | exact |",
-           "|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---|"]
+           "uplink MB up/down per call | streams/uplink | ranks' CPU ms (user+sys) | switches' CPU ms | exact |",
+           "|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
 
     def mb(side: str, r: dict[str, Any]) -> str:
         values = [u[side] for u in r["uplink_bytes_per_call"] if u[side] is not None]
@@ -179,6 +180,7 @@ def markdown_racks(records: list[dict[str, Any]]) -> str:
         out.append(f"| {r['racks']} x {r['rack_size']} | {r['numel']:,} | {r['density']:g} | {name} | "
                    f"{r['topology']} | {r['engine'] or '-'} | {r['median_s'] * 1e3:.1f} | {fmt(r['speedup_vs_gloo'])} | "
                    f"{fmt(r['speedup_vs_star'])} | {mb('up', r)} / {mb('down', r)} | {fmt(r['uplink_streams'])} | "
+                   f"{_cpu_cell(r)} | {_fmt(_ms(r['switch_cpu_s_per_call']), '.0f')} | "
                    f"{'yes' if r['exact'] else 'NO'} |")
     return "\n".join(out)
 

@@ -164,3 +164,34 @@ def test_tree_job_file_with_external_switches(tmp_path: Path) -> None:
 def _addr(addr: tuple[str, int]) -> str:
     return f"{addr[0]}:{addr[1]}"
 
+
+
+def test_tree_watch_finds_a_dead_ancestor_and_tells_the_other_ranks() -> None:
+    """A port's watch in a tree: its own leaf alive, its root's control port closed: a reason at the
+    first scan after the minimum stall, published in the store, where a rank under another (live)
+    leaf whose ancestors all answer finds it (before the watch: both waited for the progress timeout)."""
+    import socket
+
+    import torch.distributed as dist
+
+    from homagg.torch._tree_link import TreeWatch
+    from homagg.transport._liveness import Liveness
+
+    leaf = socket.create_server(("127.0.0.1", 0))
+    root = socket.create_server(("127.0.0.1", 0))
+    root_addr = root.getsockname()[:2]
+    store = dist.HashStore()
+    try:
+        mine = TreeWatch(Liveness(leaf.getsockname()[:2]), [("switch0", root_addr)], store, "tree/gone")
+        other = TreeWatch(Liveness(leaf.getsockname()[:2]), [], store, "tree/gone")
+        assert mine.gone(10.0, 1.0, 0) is None and other.gone(10.0, 1.0, 0) is None  # all alive
+        assert mine.gone(10.1, 0.1, 0) is None  # not stalled long enough: not even asked
+        root.close()
+        why = mine.gone(20.0, 1.0, 0)
+        assert why is not None and "switch switch0 is gone" in why and "refuses connections" in why, why
+        told = other.gone(20.0, 1.0, 0)
+        assert told is not None and "another rank found a switch of the tree gone" in told, told
+        assert mine.interval_s == 0.25 and mine.control == leaf.getsockname()[:2]  # the inner probe's attributes
+    finally:
+        leaf.close()
+        root.close()

@@ -23,7 +23,7 @@ it to the rack's worker links (the uplink is routed, not bridged).  The spine's 
 copy per member (``--no-multicast``): the star one per worker, each crossing that worker's uplink;
 the tree's root one per leaf.
 
-Three emulator processes kinds, started with the net and idle until a job is admitted:
+Three kinds of emulator process, started with the net and idle until a job is admitted:
 
 * ``star``: at the spine, every worker one member (today's two-tier: the leaves only forward);
 * ``root``: at the spine, the tree's root, each leaf's emulator one member (``child_id = k``);

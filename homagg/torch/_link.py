@@ -7,12 +7,14 @@ Kept apart from :mod:`._switch_setup` (which chooses and opens the link) and :mo
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, field
 
 from ..transport import SwitchPort
 
-__all__ = ["SwitchLink"]
+__all__ = ["SwitchLink", "port_closer", "await_ports_closed"]
 
 
 @dataclass
@@ -47,3 +49,30 @@ class SwitchLink:
                     first = first or exc
         if first is not None:
             raise first
+
+
+def port_closer(port: SwitchPort, store: Any, key: str) -> Callable[[], None]:
+    """A closer that closes this rank's ``port``, then counts the rank out under ``key/closed`` in
+    the group's store (for :func:`await_ports_closed` on rank 0; a store already gone is ignored:
+    nothing waits for the count then)."""
+
+    def close() -> None:
+        port.close()
+        try:
+            store.add(f"{key}/closed", 1)
+        except RuntimeError:
+            pass
+
+    return close
+
+
+def await_ports_closed(store: Any, key: str, size: int, bound_s: float) -> None:
+    """Rank 0, before it removes the job: wait until ``size`` ranks counted their ports closed
+    under ``key`` (:func:`port_closer`), at most ``bound_s`` (an unreachable store ends the wait:
+    the bound is what matters), so no rank loses the switch while its last results are in flight."""
+    deadline = time.monotonic() + bound_s
+    try:
+        while store.add(f"{key}/closed", 0) < size and time.monotonic() < deadline:
+            time.sleep(0.02)
+    except RuntimeError:
+        pass

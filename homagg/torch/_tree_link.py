@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -43,7 +42,7 @@ import torch.distributed as dist
 from .._errors import ConfigError, TransportError
 from .._treefile import TreeJob, load_tree_file
 from ._config import BackendConfig
-from ._link import SwitchLink
+from ._link import SwitchLink, await_ports_closed, port_closer
 
 __all__ = ["open_tree", "TreeWatch"]
 
@@ -248,20 +247,8 @@ def open_tree(
     link = SwitchLink(port, kind, data, job.job_id, control, emulators[index] if emulators else None,
                       emulators=tuple(emulators))
 
-    def close_port() -> None:
-        port.close()
-        try:
-            store.add(f"{key}/closed", 1)
-        except RuntimeError:
-            pass  # store already gone (another rank exited): nothing waits for this count then
-
     def release_tree() -> None:
-        deadline = time.monotonic() + min(_CLOSE_WAIT_S, config.timeout)
-        try:
-            while store.add(f"{key}/closed", 0) < size and time.monotonic() < deadline:
-                time.sleep(0.02)
-        except RuntimeError:
-            pass  # store unreachable: stop anyway, the bound is what matters
+        await_ports_closed(store, key, size, min(_CLOSE_WAIT_S, config.timeout))
         try:
             failed = _remove_everywhere(tree, job.job_id, secret, min(config.timeout, 5.0))
             if failed:
@@ -272,6 +259,6 @@ def open_tree(
 
     if rank == 0:
         link._closers.append(release_tree)
-    link._closers.append(close_port)  # closers run in reverse: port first, then the job
+    link._closers.append(port_closer(port, store, key))  # closers run in reverse: port first, then the job
     return link
 

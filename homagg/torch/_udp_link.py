@@ -27,7 +27,6 @@ import json
 import os
 import socket
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +35,7 @@ import torch.distributed as dist
 
 from .._errors import ConfigError, TransportError
 from ._config import BackendConfig
-from ._link import SwitchLink
+from ._link import SwitchLink, await_ports_closed, port_closer
 
 __all__ = ["open_udp", "emulator_host", "embedded_packet_shape"]
 
@@ -190,20 +189,8 @@ def open_udp(
     kind = "embedded" if config.switch == "embedded" else "external"
     link = SwitchLink(port, kind, data_addr, job.job_id, ctl_addr, emulator)
 
-    def close_port() -> None:
-        port.close()
-        try:
-            store.add(f"{key}/closed", 1)
-        except RuntimeError:
-            pass  # store already gone (another rank exited): nothing waits for this count then
-
     def release_job() -> None:
-        deadline = time.monotonic() + min(_CLOSE_WAIT_S, config.timeout)
-        try:
-            while store.add(f"{key}/closed", 0) < size and time.monotonic() < deadline:
-                time.sleep(0.02)
-        except RuntimeError:
-            pass  # store unreachable: stop anyway, the bound is what matters
+        await_ports_closed(store, key, size, min(_CLOSE_WAIT_S, config.timeout))
         try:
             with ControlClient(ctl_addr, timeout=min(config.timeout, 5.0), secret=secret) as ctl:
                 ctl.remove(job.job_id)
@@ -215,5 +202,5 @@ def open_udp(
 
     if rank == 0:
         link._closers.append(release_job)
-    link._closers.append(close_port)  # closers run in reverse: port first, then the job
+    link._closers.append(port_closer(port, store, key))  # closers run in reverse: port first, then the job
     return link

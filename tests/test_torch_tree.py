@@ -128,7 +128,8 @@ def test_ddp_forty_ranks_on_the_embedded_tree_trains_like_gloo() -> None:
 
 def test_tree_job_file_with_external_switches(tmp_path: Path) -> None:
     """A tree job file names external switches (here emulators this test starts: 2 leaves, a
-    root): 34 ranks aggregate through them, each switch admits the job with the file's token."""
+    root): 34 ranks aggregate through them, each switch admits the job with the file's token and
+    job id, the file's words per packet, the ``slots`` option's slots (an option wins)."""
     import switch_emulator
     from homagg.transport import ControlClient
 
@@ -145,12 +146,14 @@ def test_tree_job_file_with_external_switches(tmp_path: Path) -> None:
         path = tmp_path / "tree.json"
         path.write_text(json.dumps(doc))
         per_rank, _ = launch("tree_collectives.py", 34, timeout=900,
-                             env={"HOMAGG_SWITCH": str(path), "HOMAGG_SWITCH_SECRET": secret, "N": "1000"})
+                             env={"HOMAGG_SWITCH": str(path), "HOMAGG_SWITCH_SECRET": secret, "N": "1000",
+                                  "HOMAGG_SLOTS": "8"})
         for check in ("sum_float32", "sum_int64"):
             assert_reduction(34, values(per_rank, check))
         for info in values(per_rank, "tree"):
             assert info["kind"] == "external" and info["port_world"] == 34 and info["leaf_world"] == 17
             assert info["token"] == 0x5EED1E55 and info["job_id"] == 4242, info
+            assert (info["n_slots"], info["words_per_packet"]) == (8, 2048), info  # the slots option wins
         for sw in switches:  # every switch counted the job's datagrams and no foreign token
             with ControlClient(sw.control_addr, secret=secret) as ctl:
                 counters = ctl.status()["counters"]

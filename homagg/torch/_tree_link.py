@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -209,6 +210,8 @@ def open_tree(
                                          n_slots=slots, words_per_packet=words)
             else:
                 tree, secret = load_tree_file(config.switch), None
+                tree = replace(tree, n_slots=config.slots or tree.n_slots,  # an explicit option wins
+                               words_per_packet=config.words_per_packet or tree.words_per_packet).validate()
             specs = _admit_tree(tree, tree.token or new_token(), secret, ctl_timeout)
         except BaseException as exc:
             _stop_all(emulators)

@@ -61,7 +61,8 @@ def tree_info() -> dict:
     port = link.port
     return {"kind": link.kind, "leaf_world": port.job.world_size, "parent": port.job.parent is not None,
             "port_world": port.world_size, "worker_id": port.rank, "emulators": len(link.emulators),
-            "token": port.job.token, "job_id": port.job.job_id,
+            "token": port.job.token, "job_id": port.job.job_id, "n_slots": port.job.n_slots,
+            "words_per_packet": port.job.words_per_packet,
             "create_s": round(CREATE_S, 2)}
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import pytest
@@ -42,6 +43,7 @@ JOB, TOKEN, CHILD_ID, SLOT_BASE, WORDS = 7, 0x5EED, 5, 4, 4
 DROP_NAMES = {v: k.removeprefix("DROP_").lower() for k, v in CONST.items() if k.startswith("DROP_")}
 
 
+@lru_cache(maxsize=None)
 def _expr(text: str) -> int:
     """A table pattern's or argument's value: constants, casts, + and -."""
     text = re.sub(r"\(bit<\d+>\)", "", text).strip()

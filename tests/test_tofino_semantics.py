@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 import re
+from functools import lru_cache
 
 import pytest
 
@@ -51,18 +52,27 @@ def _block(src: str, opening: str) -> str:
     return src[m.end():i - 1]
 
 
+@lru_cache(maxsize=None)
 def _value(text: str) -> int:
-    text = text.strip()
-    return CONST[text] if text in CONST else int(text, 0)
+    """A table pattern's or action argument's value: constants, integers, casts, + and -, true/false."""
+    text = re.sub(r"\(bit<\d+>\)", "", text).strip()
+    text = re.sub(r"\b[A-Z_][A-Z0-9_]*\b", lambda m: str(CONST[m.group(0)]), text)
+    text = re.sub(r"\btrue\b", "1", re.sub(r"\bfalse\b", "0", text))
+    assert re.fullmatch(r"[\dx+\-a-fA-F ]+", text), text
+    return int(eval(text, {"__builtins__": {}}))  # noqa: S307 -- digits, + and - only (checked above)
 
 
 def _matches(pattern: str, v: int) -> bool:
+    """Whether ``v`` matches a const entry's pattern: ``_``, ``value &&& mask``, ``lo .. hi`` or a value."""
     pattern = pattern.strip()
     if pattern == "_":
         return True
     if "&&&" in pattern:
         value, mask = (_value(t) for t in pattern.split("&&&"))
         return v & mask == value & mask
+    if ".." in pattern:
+        lo, hi = (_value(t) for t in pattern.split(".."))
+        return lo <= v <= hi
     return v == _value(pattern)
 
 

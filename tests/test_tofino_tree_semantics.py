@@ -26,7 +26,6 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import pytest
@@ -36,34 +35,11 @@ from homagg.wire import FLAG_RESULT, FLAG_RETRANSMIT, HOMAGG_UDP_PORT, datagram_
 from switch_emulator.admission import AdmissionTable
 from switch_emulator.pipeline import Pipeline
 
-from .test_tofino_semantics import CONST, POISON, VERDICT, _block, _source, use_key
+from .test_tofino_semantics import CONST, POISON, VERDICT, _block, _matches, _source, _value, use_key
 
 PARENT = ("10.9.0.1", HOMAGG_UDP_PORT)
 JOB, TOKEN, CHILD_ID, SLOT_BASE, WORDS = 7, 0x5EED, 5, 4, 4
 DROP_NAMES = {v: k.removeprefix("DROP_").lower() for k, v in CONST.items() if k.startswith("DROP_")}
-
-
-@lru_cache(maxsize=None)
-def _expr(text: str) -> int:
-    """A table pattern's or argument's value: constants, casts, + and -."""
-    text = re.sub(r"\(bit<\d+>\)", "", text).strip()
-    text = re.sub(r"\b[A-Z_][A-Z0-9_]*\b", lambda m: str(CONST[m.group(0)]), text)
-    text = text.replace("true", "1").replace("false", "0")
-    assert re.fullmatch(r"[\d\sx+\-a-fA-F]+", text), text
-    return int(eval(text, {"__builtins__": {}}))  # noqa: S307 -- digits and + - only (checked above)
-
-
-def _match(pattern: str, v: int) -> bool:
-    pattern = pattern.strip()
-    if pattern == "_":
-        return True
-    if "&&&" in pattern:
-        value, mask = (_expr(t) for t in pattern.split("&&&"))
-        return v & mask == value & mask
-    if ".." in pattern:
-        lo, hi = (_expr(t) for t in pattern.split(".."))
-        return lo <= v <= hi
-    return v == _expr(pattern)
 
 
 class Table:
@@ -90,7 +66,7 @@ class Table:
     def __call__(self, key: dict[str, int]) -> tuple[str, str]:
         values = [key[k] for k in self.keys]
         for pats, act, arg in self.rows:
-            if all(_match(p, v) for p, v in zip(pats, values, strict=True)):
+            if all(_matches(p, v) for p, v in zip(pats, values, strict=True)):
                 return act, arg
         raise AssertionError(f"no row for {key}")
 
@@ -122,7 +98,7 @@ def _run_down(name: str, value: int) -> tuple[int, int | None]:
     env: dict[str, int | None] = {"value": value, "rv": None}
     for target, expr in DOWN[name]:
         expr = expr.strip()
-        env[target] = (1 - env["value"]) if expr == "~value" else env["value"] if expr == "value" else _expr(expr)
+        env[target] = (1 - env["value"]) if expr == "~value" else env["value"] if expr == "value" else _value(expr)
     return env["value"], env["rv"]
 
 
@@ -178,7 +154,7 @@ class TofinoChild:
             "meta.parent_token_ok": int(parent_known and p.token == TOKEN)}
         act, arg = ADMIT(lookups)
         if act == "reject":
-            return ("drop", DROP_NAMES[_expr(arg)])
+            return ("drop", DROP_NAMES[_value(arg)])
         i = 2 * (p.slot - SLOT_BASE) + p.bank
         key = use_key(p.tag, p.op, p.wc)
         mine = 0 if worker is None else 1 << worker

@@ -20,10 +20,12 @@ data and control address and its :class:`~homagg.jobs.JobSpec` in the group's st
 opens a :class:`~homagg.transport.UdpSwitchPort` to its leaf as worker ``place(rank)`` there, with
 ``total_world_size`` = the group's size (the codec's headroom follows the whole job).
 
-Failure: each port watches, beside its own leaf, the leaf's ancestors' control ports and a store
-flag that any rank sets when it finds a switch of the tree gone (:class:`TreeWatch`), so a dead
-root or another rank's dead leaf ends every rank's stalled round within about a second; the
-group then falls back to the host path (:mod:`._fallback`), and a return starts a new tree.
+Failure: each port watches, beside its own leaf, a store flag that any rank sets when it finds a
+switch of the tree gone, and worker 0 of each leaf also the leaf's ancestors' control ports (one
+prober per leaf: at 1024 ranks the root's control port sees 32 connects per probe interval while
+a round stalls, not 1024) (:class:`TreeWatch`).  So a dead root or another rank's dead leaf ends
+every rank's stalled round within about a second; the group then falls back to the host path
+(:mod:`._fallback`), and a return starts a new tree.
 
 Closing: every rank closes its port and counts itself out in the store; rank 0 waits (bounded)
 for the others, removes the job from every switch and stops the emulators it started.
@@ -135,8 +137,9 @@ def _remove_everywhere(tree: TreeJob, job_id: int, secret: str | None, timeout_s
 class TreeWatch:
     """A port's liveness probe in a tree: its leaf's (:class:`~homagg.transport._liveness.Liveness`,
     ``inner``), then its leaf's ancestors' control ports, then the group's store flag ``flag_key``
-    (set by the first rank that finds a switch of the tree gone).  Same interface as ``inner``;
-    ``gone`` returns a reason only on positive evidence, as ``inner`` does."""
+    (set by the first rank that finds a switch of the tree gone), each at most every
+    ``inner.interval_s`` while a round stalls.  Same interface as ``inner``; ``gone`` returns a
+    reason only on positive evidence, as ``inner`` does."""
 
     def __init__(self, inner: Any, ancestors: list[tuple[str, tuple[str, int]]], store: dist.Store,
                  flag_key: str) -> None:
@@ -240,7 +243,7 @@ def open_tree(
         _stop_all(emulators)
         raise
     by_data = {tuple(s["data"]): s for s in switches}
-    ancestors, up = [], job.parent
+    ancestors, up = [], job.parent if port.rank == 0 else None  # one prober of the ancestors per leaf
     while up is not None:
         above = by_data[tuple(up)]
         ancestors.append((above["name"], tuple(above["control"])))

@@ -270,3 +270,21 @@ def test_wide_kernels_equal_the_torch_code(world: int, case: str) -> None:
     counted = _blocks.dequantize_into(out, sums.reshape(-1), exps, world, block, words=2)
     assert torch.equal(out, want)
     assert counted == int(torch.count_nonzero(sums.any(dim=1)))
+
+
+def test_bench_precision_steady_worst_case_stands_at_the_top_of_the_window() -> None:
+    """``homagg bench precision``'s steady column: every block quantised under ``E + slack``, one
+    round, no redo, within the steady bound; the values stream 8 bytes per value."""
+    from homagg.bench._precision import _homagg_sum, _top_of_window, wide_bound_factor
+
+    world, n = 8, 3000
+    grads = torch.stack(inputs(world, n, seed=11))
+    bmax = torch.nn.functional.pad(grads.abs().amax(0), (0, (-n) % 1024)).reshape(-1, 1024).amax(1)
+    steady, stats = _homagg_sum(grads, "wide", _top_of_window(bmax, world))
+    first, first_stats = _homagg_sum(grads, "wide")
+    assert (stats.rounds, stats.redos, first_stats.rounds) == (1, 0, 2)
+    assert first_stats.bytes_per_stream["values"] == 8 * n
+    assert not torch.equal(steady, first)  # a coarser grid than the first call's
+    m = block_max(list(grads))
+    for result, steady_call in ((steady, True), (first, False)):
+        assert bool((errors(result, list(grads)) <= wide_bound_factor(world, steady_call) * m).all())

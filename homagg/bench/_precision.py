@@ -189,9 +189,10 @@ def run(args: argparse.Namespace) -> int:
     for w in worlds:
         opt.count("--worlds", w, 1, 1024, why="homagg's two-level trees")
     opt.count("--batch", args.batch)
-    records = measure(worlds, args.batch, args.seed)
-    for r in records:
-        print(json.dumps(r))
+    records = []
+    for world in worlds:  # each world's record as soon as it is measured
+        records += measure([world], args.batch, args.seed)
+        print(json.dumps(records[-1]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(records, indent=1))
     bounded = ("within_bound", "homagg_wide_within_bound", "homagg_wide_steady_within_bound")

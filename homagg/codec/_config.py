@@ -7,12 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ConfigError
-from ._fixedpoint import PRECISIONS
 
 __all__ = ["CodecConfig", "SCHEMES", "PRECISIONS", "check_scheme"]
 
 #: the codec's schemes, the one definition (the CLI, the torch backend and the benchmarks import it)
 SCHEMES: tuple[str, ...] = ("auto", "sketch", "compact", "dense")
+#: ``precision``'s values: words per float value by the world size, one, or two
+#: (:func:`homagg.codec._fixedpoint.float_words`)
+PRECISIONS: tuple[str, ...] = ("auto", "single", "wide")
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import torch
 
 from .._errors import InputError, IntegerOverflowError, NonFiniteError
 from . import _hostops, _native
+from ._config import PRECISIONS
 
 __all__ = [
     "float32_factors",
@@ -71,8 +72,6 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
 
-#: ``CodecConfig.precision``'s values: words per float value by the world size, one, or two
-PRECISIONS: tuple[str, ...] = ("auto", "single", "wide")
 
 
 def precision_bits(world_size: int, words: int = 1) -> int:

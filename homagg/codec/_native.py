@@ -199,6 +199,18 @@ def block_peaks_at64(idx: np.ndarray, values: np.ndarray, numel: int, block_size
     return peak, bool(bad)
 
 
+def _float32_factors(n: int, block_size: int, f1: np.ndarray, f2: np.ndarray | None,
+                     kernel: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """The per-block float32 factors of a quantise kernel over ``n`` elements, contiguous and
+    checked to hold one factor per block (both, when there is a second)."""
+    f1 = np.ascontiguousarray(f1, dtype=np.float32)
+    _blocks_of(n, block_size, f1, kernel)
+    if f2 is not None:
+        f2 = np.ascontiguousarray(f2, dtype=np.float32)
+        _blocks_of(n, block_size, f2, kernel)
+    return f1, f2
+
+
 def quantize32(x: np.ndarray, block_size: int, f1: np.ndarray, f2: np.ndarray | None, limit: float,
                out: np.ndarray) -> None:
     """``out = clamp(round_half_even(x * f1[block] (* f2[block])), -limit, limit)`` as int32, the
@@ -206,11 +218,7 @@ def quantize32(x: np.ndarray, block_size: int, f1: np.ndarray, f2: np.ndarray | 
     a float32 integer below 2**31)."""
     assert _LIB is not None and x.dtype == np.float32 and x.flags.c_contiguous
     assert out.dtype == np.int32 and out.flags.c_contiguous and out.size == x.size
-    f1 = np.ascontiguousarray(f1, dtype=np.float32)
-    _blocks_of(x.size, block_size, f1, "quantize32")
-    if f2 is not None:
-        f2 = np.ascontiguousarray(f2, dtype=np.float32)
-        _blocks_of(x.size, block_size, f2, "quantize32")
+    f1, f2 = _float32_factors(x.size, block_size, f1, f2, "quantize32")
     if x.size:
         _LIB.homagg_quantize32(x.ctypes.data, x.size, block_size, f1.ctypes.data,
                                None if f2 is None else f2.ctypes.data, limit, out.ctypes.data)
@@ -222,11 +230,7 @@ def quantize32_wide(x: np.ndarray, block_size: int, f1: np.ndarray, f2: np.ndarr
     ``out[2i] = q & 0xFFFF``, ``out[2i + 1] = q >> 16`` (contiguous int32, two words per element)."""
     assert _LIB is not None and x.dtype == np.float32 and x.flags.c_contiguous
     assert out.dtype == np.int32 and out.flags.c_contiguous and out.size == 2 * x.size
-    f1 = np.ascontiguousarray(f1, dtype=np.float32)
-    _blocks_of(x.size, block_size, f1, "quantize32_wide")
-    if f2 is not None:
-        f2 = np.ascontiguousarray(f2, dtype=np.float32)
-        _blocks_of(x.size, block_size, f2, "quantize32_wide")
+    f1, f2 = _float32_factors(x.size, block_size, f1, f2, "quantize32_wide")
     if x.size:
         _LIB.homagg_quantize32_wide(x.ctypes.data, x.size, block_size, f1.ctypes.data,
                                     None if f2 is None else f2.ctypes.data, limit, out.ctypes.data)

@@ -154,6 +154,51 @@ class Namespaces:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # subclasses set: ``mtu`` (every veth's), ``bw_mbit`` (worker links), ``_made`` (namespaces to delete)
+    mtu: int
+    bw_mbit: float
+    _made: list[str]
+
+    def _namespace(self, ns: str) -> None:
+        """Create namespace ``ns`` (deleted by :meth:`close`), loopback up."""
+        _ip("netns", "add", ns)
+        self._made.append(ns)
+        _in(ns, "ip", "link", "set", "lo", "up")
+
+    def _router(self, ns: str, *devs: str) -> None:
+        """IP forwarding on, ICMP redirects off (traffic between hosts keeps crossing this one);
+        per namespace, no procps needed."""
+        conf = "/proc/sys/net/ipv4/conf"
+        _in(ns, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward; "
+            + "; ".join(f"echo 0 > {conf}/{dev}/send_redirects" for dev in ("all", "default", *devs)))
+
+    def _veth(self, ns_a: str, dev_a: str, ns_b: str, dev_b: str) -> None:
+        mtu = str(self.mtu)
+        _ip("link", "add", dev_a, "netns", ns_a, "mtu", mtu, "type", "veth", "peer", "name", dev_b, "netns", ns_b,
+            "mtu", mtu)
+
+    def _bridge(self, ns: str, ip: str) -> None:
+        """The switch host's bridge ``BRIDGE`` in ``ns``, holding the host's address ``ip``/32."""
+        _in(ns, "ip", "link", "add", BRIDGE, "mtu", str(self.mtu), "type", "bridge", "mcast_snooping", "0",
+            "stp_state", "0", "forward_delay", "0")
+        _in(ns, "ip", "addr", "add", f"{ip}/32", "dev", BRIDGE)
+
+    def _worker_host(self, r: int, ns: str, switch_ns: str) -> None:
+        """Worker host ``r`` in namespace ``ns`` (10.77.r.2/24, default route via 10.77.r.1), its
+        link a port of ``switch_ns``'s bridge, shaped to ``bw_mbit`` at both ends (the bridge port's
+        egress shapes every copy of a flooded multicast frame too)."""
+        self._namespace(ns)
+        hw, hs = f"hw{r}", f"hs{r}"
+        self._veth(ns, hw, switch_ns, hs)
+        _in(ns, "ip", "addr", "add", f"10.77.{r}.2/24", "dev", hw)
+        _in(ns, "ip", "link", "set", hw, "up")
+        _in(ns, "ip", "route", "add", "default", "via", f"10.77.{r}.1")
+        _in(switch_ns, "ip", "link", "set", hs, "master", BRIDGE)
+        _in(switch_ns, "ip", "addr", "add", f"10.77.{r}.1/24", "dev", BRIDGE)
+        _in(switch_ns, "ip", "link", "set", hs, "up")
+        shape(ns, hw, self.bw_mbit, self.mtu)
+        shape(switch_ns, hs, self.bw_mbit, self.mtu)
+
     def _build(self) -> None:
         raise NotImplementedError
 
@@ -190,37 +235,15 @@ class StarNet(Namespaces):
         self._made: list[str] = []
 
     # ------------------------------------------------------------------ set-up / tear-down
-    def _shape(self, ns: str, dev: str) -> None:
-        shape(ns, dev, self.bw_mbit, self.mtu)
-
     def _build(self) -> None:
         sw = self.switch_ns
-        _ip("netns", "add", sw)
-        self._made.append(sw)
-        _in(sw, "ip", "link", "set", "lo", "up")
-        _in(sw, "ip", "link", "add", BRIDGE, "mtu", str(self.mtu), "type", "bridge", "mcast_snooping", "0",
-            "stp_state", "0", "forward_delay", "0")
-        _in(sw, "ip", "addr", "add", f"{SWITCH_IP}/32", "dev", BRIDGE)
-        # per namespace (no procps needed): route between the workers' /24s, all on br0, without
-        # telling them (ICMP redirects) to go to each other directly: gloo's ring crosses the switch
-        conf = "/proc/sys/net/ipv4/conf"
-        _in(sw, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward; "
-            + "; ".join(f"echo 0 > {conf}/{dev}/send_redirects" for dev in ("all", "default", BRIDGE)))
+        self._namespace(sw)
+        self._bridge(sw, SWITCH_IP)
+        # route between the workers' /24s, all on br0, without telling them (ICMP redirects) to go
+        # to each other directly: gloo's ring crosses the switch
+        self._router(sw, BRIDGE)
         for r, ns in enumerate(self.worker_ns):
-            _ip("netns", "add", ns)
-            self._made.append(ns)
-            hw, hs = f"hw{r}", f"hs{r}"
-            _ip("link", "add", hw, "netns", ns, "mtu", str(self.mtu), "type", "veth", "peer", "name", hs,
-                "netns", sw, "mtu", str(self.mtu))
-            _in(ns, "ip", "link", "set", "lo", "up")
-            _in(ns, "ip", "addr", "add", f"10.77.{r}.2/24", "dev", hw)
-            _in(ns, "ip", "link", "set", hw, "up")
-            _in(ns, "ip", "route", "add", "default", "via", f"10.77.{r}.1")
-            _in(sw, "ip", "link", "set", hs, "master", BRIDGE)
-            _in(sw, "ip", "addr", "add", f"10.77.{r}.1/24", "dev", BRIDGE)
-            _in(sw, "ip", "link", "set", hs, "up")
-            self._shape(ns, hw)
-            self._shape(sw, hs)  # bridge port egress: every copy of a flooded multicast frame too
+            self._worker_host(r, ns, sw)
         _in(sw, "ip", "link", "set", BRIDGE, "mtu", str(self.mtu), "up")
 
     def _start_emulators(self) -> None:

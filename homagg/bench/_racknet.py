@@ -44,7 +44,7 @@ from typing import Any
 from .._errors import ConfigError
 from ..transport._auth import SECRET_ENV, new_secret
 from ..wire import MAX_WORKERS, words_for_mtu
-from ._netns import BRIDGE, MAX_MTU, MTU, REPLICATIONS, SWITCH_IP, Namespaces, _in, _ip, shape, start_emulator
+from ._netns import BRIDGE, MAX_MTU, MTU, REPLICATIONS, SWITCH_IP, Namespaces, _in, shape, start_emulator
 from ._netns import stop_emulator
 from ._ranks import launch_ranks
 
@@ -123,22 +123,6 @@ class RackNet(Namespaces):
         return self.rack_size * self.bw_mbit / self.uplink_bw_mbit
 
     # ------------------------------------------------------------------ set-up / tear-down
-    def _namespace(self, ns: str) -> None:
-        _ip("netns", "add", ns)
-        self._made.append(ns)
-        _in(ns, "ip", "link", "set", "lo", "up")
-
-    def _router(self, ns: str, *devs: str) -> None:
-        """IP forwarding on, ICMP redirects off (traffic between hosts keeps crossing this one)."""
-        conf = "/proc/sys/net/ipv4/conf"
-        _in(ns, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward; "
-            + "; ".join(f"echo 0 > {conf}/{dev}/send_redirects" for dev in ("all", "default", *devs)))
-
-    def _veth(self, ns_a: str, dev_a: str, ns_b: str, dev_b: str) -> None:
-        mtu = str(self.mtu)
-        _ip("link", "add", dev_a, "netns", ns_a, "mtu", mtu, "type", "veth", "peer", "name", dev_b, "netns", ns_b,
-            "mtu", mtu)
-
     def _build(self) -> None:
         sp = self.spine_ns
         self._namespace(sp)
@@ -146,9 +130,7 @@ class RackNet(Namespaces):
         self._router(sp)
         for k, leaf in enumerate(self.leaf_ns):
             self._namespace(leaf)
-            _in(leaf, "ip", "link", "add", BRIDGE, "mtu", str(self.mtu), "type", "bridge", "mcast_snooping", "0",
-                "stp_state", "0", "forward_delay", "0")
-            _in(leaf, "ip", "addr", "add", f"{leaf_ip(k)}/32", "dev", BRIDGE)
+            self._bridge(leaf, leaf_ip(k))
             self._router(leaf, BRIDGE)
             up, dn = f"up{k}", f"dn{k}"
             self._veth(leaf, up, sp, dn)
@@ -161,18 +143,8 @@ class RackNet(Namespaces):
             shape(leaf, up, self.uplink_bw_mbit, self.mtu)
             shape(sp, dn, self.uplink_bw_mbit, self.mtu)
             for r in range(k * self.rack_size, (k + 1) * self.rack_size):
-                ns, hw, hs = self.worker_ns[r], f"hw{r}", f"hs{r}"
-                self._namespace(ns)
-                self._veth(ns, hw, leaf, hs)
-                _in(ns, "ip", "addr", "add", f"10.77.{r}.2/24", "dev", hw)
-                _in(ns, "ip", "link", "set", hw, "up")
-                _in(ns, "ip", "route", "add", "default", "via", f"10.77.{r}.1")
-                _in(leaf, "ip", "link", "set", hs, "master", BRIDGE)
-                _in(leaf, "ip", "addr", "add", f"10.77.{r}.1/24", "dev", BRIDGE)
-                _in(leaf, "ip", "link", "set", hs, "up")
+                self._worker_host(r, self.worker_ns[r], leaf)
                 _in(sp, "ip", "route", "add", f"10.77.{r}.0/24", "via", f"10.79.{k}.2")
-                shape(ns, hw, self.bw_mbit, self.mtu)
-                shape(leaf, hs, self.bw_mbit, self.mtu)
             _in(leaf, "ip", "link", "set", BRIDGE, "mtu", str(self.mtu), "up")
 
     def _start_emulators(self) -> None:

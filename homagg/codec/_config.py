@@ -68,6 +68,12 @@ class CodecConfig:
                      (docs/trees.md).  ``"auto"`` (default): wide where single words keep fewer
                      than float32's 24 bits (``W > 128``), else single
                      (:func:`homagg.codec._fixedpoint.float_words`).  Integers are exact either way.
+    small_calls      a dense tensor of at most one block (``numel <= block_size``) with scheme
+                     ``auto`` or ``dense`` takes the small-call path (:mod:`homagg.codec._small`):
+                     the dense protocol in scalar arithmetic, its descriptor, exponent and guess in
+                     one MAX datagram and its values in one ADD stream (one round trip in steady
+                     state; a first float call two); results bit-identical to the general path
+                     (``False``), which ``auto`` would otherwise run with a union estimate first.
     """
 
     block_size: int = 1024
@@ -84,6 +90,7 @@ class CodecConfig:
     bitmap_levels: int | None = None
     guess_window: bool = True
     precision: str = "auto"
+    small_calls: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -100,6 +107,8 @@ class CodecConfig:
             raise ConfigError(f"bitmap_levels must be 1, 2 or None (cost model), got {self.bitmap_levels!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if not isinstance(self.small_calls, bool):
+            raise ConfigError(f"small_calls must be True or False, got {self.small_calls!r}")
         if not isinstance(self.guess_window, bool):
             raise ConfigError(f"guess_window must be True or False, got {self.guess_window!r}")
         for name in ("peel_ns", "dense_ns", "compact_ns"):

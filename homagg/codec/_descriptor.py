@@ -11,14 +11,22 @@ first datagram: a transport that passes each result as it arrives
 (:attr:`~homagg.transport.Stream.verify`) reports a mismatch as soon as that datagram is back,
 before waiting for words that will never come.
 
+The stream is :data:`LENGTH` words: the 16 descriptor words, then :data:`SPARE` words that the
+general path leaves at MAX's identity and the small-call path (:mod:`homagg.codec._small`) fills
+with its block's exponent and negated guess, so every call's first datagram starts with an
+18-word MAX chunk at offset 0 whichever path a rank takes: ranks that disagree about the size
+(one on the small path, one on the general) still meet in that chunk, and both raise.
+
 Invariant: :func:`check` raises :class:`~homagg.RankMismatchError` on every rank, with the same
-message, exactly when some field differs between two ranks; agreeing ranks pay 64 bytes per call.
+message, exactly when some field differs between two ranks; agreeing ranks pay 72 bytes per call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
+import numpy as np
 import torch
 
 from ._config import SCHEMES
@@ -26,12 +34,17 @@ from .._errors import ProtocolError, RankMismatchError
 from ..transport import Stream
 from ..wire import CombineOp
 
-__all__ = ["NAME", "FIELDS", "describe", "check"]
+__all__ = ["NAME", "FIELDS", "LENGTH", "SPARE", "describe", "words", "check"]
 
 NAME = "descriptor"
 #: descriptor fields, in stream order (each a non-negative int31; 62-bit values take two fields)
 FIELDS = ("version", "numel", "numel_high", "dtype", "scheme", "world_size", "round_words", "round_words_high")
-_VERSION = 1
+_VERSION = 2  #: 2: the stream carries :data:`SPARE` words after the fields
+#: words after the fields' ``f`` and ``~f`` (MAX identity on the general path; the small path's
+#: exponent and negated guess)
+SPARE = 2
+LENGTH = 2 * len(FIELDS) + SPARE
+_EMPTY = -(2**31)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64,
            torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
 _LOW = (1 << 31) - 1
@@ -48,11 +61,19 @@ def describe(numel: int, dtype: torch.dtype, scheme: str, world_size: int, strea
              device: torch.device, float_words: int = 1) -> Stream:
     """The descriptor stream of a call whose first round carries ``streams`` (``float_words``:
     words per float value, part of the dtype field: ranks that differ in ``precision`` disagree)."""
-    words = sum(s.length for s in streams)
-    values = [_VERSION, numel & _LOW, numel >> 31, _dtype_code(dtype, float_words),
-              SCHEMES.index(scheme) + 1 if scheme in SCHEMES else 0, world_size, words & _LOW, words >> 31]
-    field = torch.tensor(values, dtype=torch.int32)
-    return Stream(NAME, CombineOp.MAX, torch.cat([field, ~field]).to(device), verify=check)
+    head = words(numel, dtype, scheme, world_size, sum(s.length for s in streams), float_words)
+    return Stream(NAME, CombineOp.MAX, torch.tensor(head + (_EMPTY,) * SPARE, dtype=torch.int32).to(device),
+                  verify=check)
+
+
+@lru_cache(maxsize=1024)
+def words(numel: int, dtype: torch.dtype, scheme: str, world_size: int, round_words: int,
+          float_words: int = 1) -> tuple[int, ...]:
+    """The ``2 * len(FIELDS)`` descriptor words (each field ``f``, then each ``~f``) of a call
+    whose first round carries ``round_words`` other words (cached: a call signature repeats)."""
+    values = (_VERSION, numel & _LOW, numel >> 31, _dtype_code(dtype, float_words),
+              SCHEMES.index(scheme) + 1 if scheme in SCHEMES else 0, world_size, round_words & _LOW, round_words >> 31)
+    return values + tuple(~v for v in values)
 
 
 def _name(key: str, value: int) -> str:
@@ -65,14 +86,15 @@ def _name(key: str, value: int) -> str:
     return f"{value:,}"
 
 
-def check(combined: torch.Tensor) -> None:
-    """Raise :class:`RankMismatchError` naming every field on which the ranks disagree."""
-    words = combined.to("cpu", torch.int64)
+def check(combined: torch.Tensor | np.ndarray) -> None:
+    """Raise :class:`RankMismatchError` naming every field on which the ranks disagree (the
+    combined stream: :data:`LENGTH` words, or a small call's datagram starting with them)."""
     n = len(FIELDS)
-    if words.numel() != 2 * n:
-        raise ProtocolError(f"descriptor: {words.numel()} combined words, expected {2 * n}")
-    high = words[:n].tolist()
-    low = (~words[n:].to(torch.int32)).to(torch.int64).tolist()
+    flat = combined.tolist() if isinstance(combined, np.ndarray) else combined.to("cpu").reshape(-1).tolist()
+    if len(flat) < 2 * n or (not isinstance(combined, np.ndarray) and len(flat) != LENGTH):
+        raise ProtocolError(f"descriptor: {len(flat)} combined words, expected {LENGTH}")
+    high = flat[:n]
+    low = [~v for v in flat[n:2 * n]]
     if high == low:
         return
     parts = []

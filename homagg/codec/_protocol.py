@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from . import _hostops
+from . import _hostops, _small
 from ._config import CodecConfig
 from ._history import History
 from ._pipeline import allreduce_segments, segment_length
@@ -43,6 +43,10 @@ def allreduce(
     and sketch then take one round (plus a rare redo/repair round), compact two.  The result is
     bit-identical with or without history.
 
+    A dense tensor of at most one block (``block_size`` elements) takes the small-call path
+    (:mod:`homagg.codec._small`: the dense protocol in scalar arithmetic, two datagrams per round;
+    bit-identical results; ``small_calls=False`` turns it off).
+
     A dense-layout tensor larger than ``segment`` elements (by default: a CPU tensor larger than
     2**23) streams through the switch in segments, encoding and decoding overlapped with the
     transfer (:mod:`homagg.codec._pipeline`).
@@ -50,6 +54,8 @@ def allreduce(
     cfg = config if config is not None else CodecConfig.from_options(options)
     stats = stats if stats is not None else WorkerStats()
     stats.calls += 1
+    if _small.takes(tensor, scheme, cfg, port.world_size):  # one block: scalar arithmetic, one datagram per op
+        return _small.allreduce(tensor, port, scheme, cfg, stats, inplace, history, key)
     seg = segment_length(tensor.numel(), cfg, _hostops.reads_free(tensor)) if tensor.layout == torch.strided else 0
     if seg:  # large dense-layout tensor: pipelined segments, written in place into ``out``
         out = tensor if inplace and tensor.is_contiguous() else tensor.detach().clone(memory_format=torch.contiguous_format)

@@ -47,6 +47,10 @@ STAGES: dict[str, tuple[str, ...]] = {
         "homagg.torch._fallback:PathPort.at_call_boundary", "homagg.torch._fallback:PathPort.end_call",
         "homagg.torch._process_group:ProcessGroupHomagg._codec_allreduce", "homagg.torch._work:FifoWorker._run"),
     "completion: Work._complete (futures, events)": ("homagg.torch._work:HomaggWork._complete",),
+    "small path: codec (values, exponent, guess, quantise, decode, history)": (
+        "homagg.codec._small:allreduce", "homagg.codec._small:_float_call", "homagg.codec._small:_int_call",
+        "homagg.codec._small:_local_exponent", "homagg.codec._small:_quantize", "homagg.codec._small:_dequantize",
+        "homagg.codec._small:_Call.round", "homagg.codec._descriptor:words"),
 }
 TOTAL = "total (median call, caller's wall)"
 #: wrapped for the gaps and the caller's CPU, not summed (the caller waits there while the worker runs)

@@ -6,7 +6,10 @@ is a coalesced COO tensor copied into the input, as gloo does: DDP's ``sparse=Tr
 gradients take this path); broadcast, allgather, ``all_gather_single``
 (``all_gather_into_tensor``), barrier and every allreduce the codec does not take
 (MAX/MIN/PRODUCT/BAND..., other dtypes and layouts) run on a private gloo group.  All of
-these run on the group's :class:`~homagg.torch._work.FifoWorker`, in call order on every rank.
+these run on the group's :class:`~homagg.torch._work.FifoWorker`, in call order on every rank;
+a small synchronous codec allreduce issued outside backward runs in the caller's thread instead
+when the worker is idle, holding the worker's order (:mod:`._routing`: the hand-off and wake-up
+cost more than such a call).
 Every other op (reduce, gather, scatter, all_to_all, send/recv, reduce_scatter, coalesced ops)
 runs in the caller's thread on a *second* gloo group, the delegate (two gloo groups keep the
 worker thread's calls and the caller thread's calls from interleaving differently on different
@@ -19,7 +22,9 @@ tensor that has a Python object takes the GIL.  torch's C++ trampoline for a Pyt
 (``allreduce_coalesced``, ``all_to_all_single``, ``reduce_scatter``...: gloo's ``enqueue`` then
 blocks on that lock with the GIL held).  So this class defines *every* op in Python: delegated
 ops call a plain C++ ``ProcessGroup`` that has the delegate as its only backend, whose bindings
-release the GIL before entering gloo, as the worker's calls of the private gloo group do.
+release the GIL before entering gloo, as the calls of the private gloo group do (the worker's,
+and :class:`~homagg.torch._fallback.PathPort`'s in a task run inline in the caller's thread:
+``ProcessGroupGloo``'s ops and ``Work.wait`` are bound with the GIL released).
 
 Creation is symmetric: a group exists only when every rank has registered with the switch (a
 store barrier, bounded by the group timeout); both gloo groups connect within the group timeout
@@ -30,8 +35,8 @@ while creating it (a peer died, the store or the switch went away) raises one
 
 Errors: the first failed collective makes the group unusable (ranks may be out of step): later
 collectives raise that same typed error at once.  Collectives issued during backward (DDP) are
-checked by a final autograd callback so that ``loss.backward()`` raises the typed homagg error
-rather than the RuntimeError a C++ future would make of it.
+checked by a final autograd callback (:mod:`._backward_guard`) so that ``loss.backward()`` raises
+the typed homagg error rather than the RuntimeError a C++ future would make of it.
 
 Invariants: after :meth:`shutdown` no thread of this group is alive (bounded join), the switch port
 and both gloo groups are released, and later collectives raise :class:`~homagg.TransportError`.
@@ -52,17 +57,16 @@ from torch.distributed import ProcessGroup
 
 from .._errors import HomAggError, InputError, TransportError
 from ..transport import transport_error
+from ._backward_guard import BackwardGuard
 from ._config import BackendConfig
 from ._creation import READY_KEY, arrive, creation_error, gloo_group
 from ._fallback import PathPort
 from ._ops import DELEGATED_OPS, as_options, delegated, reduce_op
+from ._routing import CODEC_FLOAT_DTYPES, CODEC_INT_DTYPES, codec_takes, runs_inline
 from ._switch_setup import SwitchLink, await_ranks, open_switch, probe_switch, reopen_switch
-from ._work import FifoWorker, HomaggWork, TaskResult
+from ._work import CompletedWork, FifoWorker, HomaggWork, TaskResult
 
 __all__ = ["ProcessGroupHomagg", "CODEC_FLOAT_DTYPES", "CODEC_INT_DTYPES"]
-
-CODEC_FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
-CODEC_INT_DTYPES = frozenset({torch.int32, torch.int64})
 
 _LIVE: weakref.WeakSet[ProcessGroupHomagg] = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
@@ -108,8 +112,7 @@ class ProcessGroupHomagg(ProcessGroup):
         self._path: PathPort | None = None  # switch or host path (udp switches; None for gloo)
         self._wait_s = timeout.total_seconds() + 5.0
         self._broken: BaseException | None = None  # sticky: first failed collective
-        self._guards: dict[int, list[HomaggWork]] = {}  # backward graph task id -> its works
-        self._guard_lock = threading.Lock()
+        self._backward = BackwardGuard(self._wait_s)  # works issued during each running backward
         self._worker = FifoWorker(f"homagg-pg{group_id or ''}-r{rank}", self._wait_s, on_error=self._note_failure)
         try:
             self._connect(store, rank, size, timeout, group_id)
@@ -182,10 +185,12 @@ class ProcessGroupHomagg(ProcessGroup):
         return self._path.link if self._path is not None else self._link
 
     # ------------------------------------------------------------------ accelerated
-    def allreduce(self, tensors: Sequence[torch.Tensor] | torch.Tensor, opts: Any = None) -> HomaggWork:
+    def allreduce(self, tensors: Sequence[torch.Tensor] | torch.Tensor, opts: Any = None) -> HomaggWork | CompletedWork:
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
         op = reduce_op(opts)
-        if self._codec_takes(tensors, op):
+        if codec_takes(tensors, op):
+            if runs_inline(tensors, opts):  # small and synchronous: the caller's thread if the worker is idle
+                return self._submit_small("allreduce", lambda: self._codec_allreduce(tensors, op))
             compress = self.compressor is not None and torch._C._current_graph_task_id() != -1
             return self._submit("allreduce", lambda: self._codec_allreduce(tensors, op, compress))
         if op == dist.ReduceOp.AVG:
@@ -193,19 +198,6 @@ class ProcessGroupHomagg(ProcessGroup):
             raise InputError(f"homagg: ReduceOp.AVG needs dense floating-point tensors, got {dtypes}")
         gloo_opts = as_options(opts)
         return self._on_gloo("allreduce", lambda g: g.allreduce(tensors, gloo_opts), tensors)
-
-    def _codec_takes(self, tensors: list[torch.Tensor], op: Any) -> bool:
-        if not (op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG):
-            return False
-        for t in tensors:
-            if t.layout not in (torch.strided, torch.sparse_coo):
-                return False
-            if t.dtype in CODEC_INT_DTYPES:
-                if op != dist.ReduceOp.SUM:
-                    return False
-            elif t.dtype not in CODEC_FLOAT_DTYPES:
-                return False
-        return True
 
     def _codec_allreduce(self, tensors: list[torch.Tensor], op: Any, compress: bool = False) -> TaskResult:
         path = self._path
@@ -282,45 +274,32 @@ class ProcessGroupHomagg(ProcessGroup):
         return pg
 
     # ------------------------------------------------------------------ plumbing
+    def _submit_small(self, op: str, fn: Any) -> HomaggWork | CompletedWork:
+        """``fn`` now, in the caller's thread, if the worker is idle (see :mod:`._routing`); else queued."""
+        if not self._closed and self._broken is None:
+            done = self._worker.run_inline(op, fn)
+            if done is not None:
+                return done
+        return self._submit(op, fn)
+
     def _submit(self, op: str, fn: Any) -> HomaggWork:
         if self._closed:
             raise TransportError(f"homagg {op}: the process group has been shut down")
-        if self._broken is not None:
-            raise self._broken
+        self._raise_if_broken()
         on_worker = threading.current_thread() is self._worker.thread
         work = self._worker.submit(op, fn)
         if not on_worker and torch._C._current_graph_task_id() != -1:
-            self._guard_backward(work)
+            self._backward.add(work, self._raise_if_broken)  # DDP: typed errors from loss.backward()
         return work
+
+    def _raise_if_broken(self) -> None:
+        if self._broken is not None:
+            raise self._broken
 
     def _note_failure(self, exc: BaseException) -> None:
         """Worker hook: the first failure makes the group unusable (ranks may be out of step)."""
         if self._broken is None:
             self._broken = exc
-
-    def _guard_backward(self, work: HomaggWork) -> None:
-        """Issued during backward (DDP's reducer): check it in a final autograd callback.
-
-        DDP waits on futures from C++, where a Python exception turns into a RuntimeError.  The
-        callback queued here runs before DDP's own finalize callback, waits for this backward's
-        collectives (and their chained callbacks), and raises the original typed error, which
-        ``loss.backward()`` then raises unchanged.
-        """
-        gid = torch._C._current_graph_task_id()
-        with self._guard_lock:
-            works = self._guards.get(gid)
-            if works is None:
-                works = self._guards[gid] = []
-                torch.autograd.Variable._execution_engine.queue_callback(lambda: self._finish_backward(gid))
-            works.append(work)
-
-    def _finish_backward(self, gid: int) -> None:
-        with self._guard_lock:
-            works = self._guards.pop(gid, [])
-        for work in works:
-            work.wait_settled(self._wait_s)
-        if self._broken is not None:  # e.g. a nested collective issued by a comm hook's callback
-            raise self._broken
 
     def _on_gloo(self, op: str, call: Any, result: list[torch.Tensor]) -> HomaggWork:
         """Queue ``op``, run by ``call`` on the private gloo group in the worker thread; gloo's
@@ -381,7 +360,7 @@ class ProcessGroupHomagg(ProcessGroup):
         # pybind objects are invisible to the cycle collector: drop what can point back at us
         # (a failure's traceback holds our frames; the guards hold works).
         self._broken = TransportError("homagg process group is shut down") if self._broken is not None else None
-        self._guards.clear()
+        self._backward.clear()
 
     def __repr__(self) -> str:
         return f"ProcessGroupHomagg(rank={self.rank()}, size={self.size()}, switch={self.config.switch!r})"

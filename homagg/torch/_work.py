@@ -6,6 +6,11 @@ Invariants
   issues its switch rounds and private-gloo calls in the same order.
 * A task submitted *from the worker thread itself* (a collective issued inside a future callback,
   as PowerSGD does) runs inline, before the submit returns; queueing it would deadlock.
+* :meth:`FifoWorker.run_inline` runs a task in the *caller's* thread only while the worker is idle
+  (nothing queued, nothing running), and the worker starts no queued task until it is done: at most
+  one task runs at a time, in submission order.  It returns a :class:`CompletedWork`, whose
+  callbacks run in the caller's thread after the worker is free again (a callback may issue the
+  next collective).
 * Every :class:`HomaggWork` completes exactly once, with a result or an exception.  Errors reach the
   caller from :meth:`HomaggWork.wait` (as the original typed homagg error), from
   ``get_future().wait()`` and from every chained callback (DDP's reducer): never swallowed.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -29,7 +35,7 @@ import torch.distributed as dist
 
 from .._errors import SwitchTimeoutError, TransportError
 
-__all__ = ["HomaggWork", "FifoWorker", "TaskResult"]
+__all__ = ["HomaggWork", "CompletedWork", "FifoWorker", "TaskResult"]
 
 TaskResult = list[torch.Tensor]
 
@@ -66,7 +72,24 @@ def _unwrap(fut: torch.futures.Future) -> TaskResult:
     return value
 
 
-class HomaggWork(dist._Work):
+class _TaskWork(dist._Work):
+    """What both works answer alike from a task's outcome (``_exc``, ``_result``) and their ``wait``."""
+
+    _exc: BaseException | None
+    _result: TaskResult
+
+    def exception(self) -> BaseException | None:  # type: ignore[override]
+        return self._exc
+
+    def result(self) -> TaskResult:
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+class HomaggWork(_TaskWork):
     """Work handle of one collective; completed by the worker with a tensor list or an exception."""
 
     def __init__(self, op: str, timeout_s: float) -> None:
@@ -119,15 +142,47 @@ class HomaggWork(dist._Work):
     def is_success(self) -> bool:
         return self._done.is_set() and self._exc is None
 
-    def exception(self) -> BaseException | None:  # type: ignore[override]
-        return self._exc
 
-    def result(self) -> TaskResult:
-        self.wait()
-        return self._result
+class CompletedWork(_TaskWork):
+    """Work handle of a task that already ran (in the caller's thread): what :class:`HomaggWork`
+    is once completed, for every public method, without its events; the future is made on first
+    :meth:`get_future` (an already completed one, so a chained callback runs at once, in the
+    thread that chains it)."""
 
-    def synchronize(self) -> None:
-        self.wait()
+    def __init__(self, op: str, result: TaskResult | None, exc: BaseException | None = None) -> None:
+        super().__init__()
+        self.op = op
+        self._exc = exc
+        self._result: TaskResult = result if result is not None else []
+        self._fut: torch.futures.Future | None = None
+
+    def wait_settled(self, timeout_s: float) -> None:
+        """Raise the task's error, if any (nothing is pending)."""
+        if self._exc is not None:
+            raise self._exc
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Return at once; raise the task's typed error if it failed."""
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        if self._fut is None:
+            base: torch.futures.Future = torch.futures.Future()
+            if self._exc is None:
+                base.set_result(self._result)
+                self._fut = base
+            else:  # as HomaggWork's: the error reaches every chained callback (see _Failure)
+                base.set_result(_Failure(self._exc))
+                self._fut = base.then(_unwrap)
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return self._exc is None
 
 
 class FifoWorker:
@@ -141,6 +196,8 @@ class FifoWorker:
         self._cond = threading.Condition()
         self._queue: collections.deque[tuple[Callable[[], TaskResult], HomaggWork]] = collections.deque()
         self._closed = False
+        self._busy = False  # a task runs (on the worker, or inline in a caller's thread)
+        self._inline: threading.Thread | None = None  # the caller's thread running a task inline
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -161,28 +218,70 @@ class FifoWorker:
             self._cond.notify()
         return work
 
+    def run_inline(self, op: str, fn: Callable[[], TaskResult]) -> CompletedWork | None:
+        """Run ``fn`` now in the calling thread (not the worker's) if nothing is queued or running;
+        None (nothing done) otherwise.  The worker starts no task meanwhile; the returned work is
+        completed after the worker is free again.  ``fn``'s error goes to ``on_error`` and into
+        the work, as on the worker; an interrupt (a ``BaseException``) propagates, and
+        ``on_error`` gets a :class:`~homagg.TransportError` (the ranks may be out of step)."""
+        me = threading.current_thread()
+        with self._cond:
+            if self._closed:
+                raise TransportError(f"homagg {op}: the process group has been shut down")
+            if self._queue or self._busy or me is self._thread:
+                return None
+            self._busy, self._inline = True, me
+        exc: BaseException | None = None
+        result: TaskResult | None = None
+        try:
+            result = fn()
+        except Exception as err:  # noqa: BLE001 - delivered to the caller (and on_error), not swallowed
+            exc = err
+            self._failed(err)
+        except BaseException as err:
+            self._failed(TransportError(f"homagg {op}: interrupted ({type(err).__name__}) in the caller's "
+                                        "thread; the ranks may be out of step"))
+            raise
+        finally:
+            with self._cond:
+                self._busy, self._inline = False, None
+                self._cond.notify_all()
+        return CompletedWork(op, result, exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        on_error = self._on_error
+        if on_error is not None:
+            on_error(exc)
+
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                while (not self._queue or self._busy) and not self._closed:
                     self._cond.wait()
                 if not self._queue:
                     return
                 fn, work = self._queue.popleft()
-            self._run(fn, work)
+                self._busy = True
+            try:
+                self._run(fn, work)
+            finally:
+                with self._cond:
+                    self._busy = False
 
     def _run(self, fn: Callable[[], TaskResult], work: HomaggWork) -> None:
         try:
             result = fn()
         except Exception as exc:  # noqa: BLE001 - delivered to the waiter (and on_error), not swallowed
-            if self._on_error is not None:
-                self._on_error(exc)
+            self._failed(exc)
             work._complete(None, exc)
         else:
             work._complete(result)
 
     def close(self, join_timeout_s: float = 10.0) -> bool:
-        """Stop after the running task; fail queued ones; return True if the thread ended."""
+        """Stop after the running task (on the worker or inline in another thread: both waited for
+        within ``join_timeout_s`` in all); fail queued ones; return True if both ended."""
+        deadline = time.monotonic() + join_timeout_s
+        me = threading.current_thread()
         with self._cond:
             self._closed = True
             self._on_error = None  # break the group <-> worker reference cycle
@@ -191,7 +290,9 @@ class FifoWorker:
             self._cond.notify_all()
         for _, work in pending:
             work._complete(None, TransportError(f"homagg {work.op}: process group shut down before it ran"))
-        if threading.current_thread() is self._thread:
+        with self._cond:
+            inline_done = self._cond.wait_for(lambda: self._inline in (None, me), join_timeout_s)
+        if me is self._thread:
             return False
-        self._thread.join(join_timeout_s)
-        return not self._thread.is_alive()
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        return inline_done and not self._thread.is_alive()

@@ -31,7 +31,8 @@ STAGES: dict[str, tuple[str, ...]] = {
         "homagg.codec._worker:Worker.dense_stream", "homagg.codec._descriptor:describe"),
     "port: streams to chunk table, buffers, round set-up": (
         "homagg.transport._udp:UdpSwitchPort.combine", "homagg.transport._udp:UdpSwitchPort._run",
-        "homagg.transport._udp:chunk_table", "homagg.transport._roundloop:RoundLoop.__init__",
+        "homagg.transport._udp:UdpSwitchPort.combine_arrays", "homagg.transport._roundplan:RoundPlan.run",
+        "homagg.transport._roundloop:chunk_table", "homagg.transport._roundloop:RoundLoop.__init__",
         "homagg.transport._fastpath:NativeDatapath.__init__", "homagg.transport._fastpath:NativeRound.__init__",
         "homagg.transport._roundloop:RoundLoop.finish"),
     "datagram I/O: C round loop (send, wait, receive); local: the in-process switch": (
@@ -149,11 +150,11 @@ def install(timers: Timers) -> list[str]:
     import homagg.codec._protocol as proto
     import homagg.codec._schemes as schemes
     import homagg.testing._local as local
-    import homagg.transport._udp as udp
+    import homagg.transport._roundplan as plans
 
     proto.protocol = schemes.protocol
     local.allreduce = proto.allreduce
-    udp.chunk_table = sys.modules["homagg.transport._roundloop"].chunk_table
+    plans.chunk_table = sys.modules["homagg.transport._roundloop"].chunk_table
     return missing
 
 

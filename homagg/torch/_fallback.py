@@ -61,12 +61,13 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from .._errors import HomAggError, PathWarning, ProtocolError, TransportError
 from ..codec import WorkerStats
-from ..transport import GlooSwitchPort, Stream, SwitchPort, transport_error
+from ..transport import CombineOp, GlooSwitchPort, Stream, SwitchPort, array_streams, transport_error
 from ._comeback import GIVE_UP, TRY, ReturnSchedule, canary
 from ._link import SwitchLink
 
@@ -122,20 +123,33 @@ class PathPort(SwitchPort):
 
     # ------------------------------------------------------------------ rounds
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
+        return self._round(lambda port: port.combine(streams), lambda: streams, lambda out: out)
+
+    def combine_arrays(self, ops: Sequence[CombineOp], words: Sequence[np.ndarray],
+                       verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
+        """:meth:`combine` of host arrays (the small-call path): the same paths, agreement and fallback."""
+        out = self._round(lambda port: port.combine_arrays(ops, words, verify), lambda: array_streams(ops, words, verify),
+                          lambda arrays: [torch.from_numpy(a) for a in arrays])
+        return [a if isinstance(a, np.ndarray) else a.numpy() for a in out]  # a fallback's are tensors
+
+    def _round(self, run: Callable[[SwitchPort], list[Any]], streams: Callable[[], Sequence[Stream]],
+               as_tensors: Callable[[list[Any]], list[torch.Tensor]]) -> list[Any]:
+        """``run(port)`` on the path in use; on the switch, a transport error falls back with the round
+        as ``streams()``; a switch round's results, ``as_tensors``, are :attr:`last`."""
         if self.path == "host":
             self._call_host = True
-            out = self._host.combine(streams)
+            out = run(self._host)
             self.rounds += 1
             return out
         t0 = time.monotonic()
         try:
-            out = self.link.port.combine(streams)
+            out = run(self.link.port)
         except TransportError as exc:
             if self.policy == "error":
                 raise
-            return self._fall_back(streams, exc, time.monotonic() - t0)
+            return self._fall_back(streams(), exc, time.monotonic() - t0)
         self.rounds += 1
-        self.last = out
+        self.last = as_tensors(out)
         self._dirty = True
         return out
 

@@ -1,7 +1,9 @@
 """Switch ports: the switch contract and every transport that implements it, in one package.
 
 The contract (module ``_base``): :class:`Stream`, :class:`SwitchPort` (the one base class of every
-port), the reference combine :func:`combine_words` / :func:`wrap_int32`, and
+port; ``combine`` of Streams, ``combine_arrays`` of host int32 arrays: the small-call path, with
+:func:`array_streams` its Stream equivalent and :func:`array_lengths` its check), the reference
+combine :func:`combine_words` / :func:`wrap_int32`, and
 :class:`~homagg.wire.CombineOp` (defined in :mod:`homagg.wire`, the wire encoding).
 
 Ports, three siblings to copy for a new transport (RDMA, a real switch, ...):
@@ -28,7 +30,7 @@ from .._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from ..wire import CombineOp
-    from ._base import Stream, SwitchPort, WordSource, combine_words, wrap_int32
+    from ._base import Stream, SwitchPort, WordSource, array_lengths, array_streams, combine_words, wrap_int32
     from ._control import ControlClient, parse_addr
     from ._errmap import transport_error
     from ._gloo import GlooSwitchPort
@@ -41,6 +43,8 @@ _LAZY = {
     "Stream": "._base",
     "SwitchPort": "._base",
     "WordSource": "._base",
+    "array_lengths": "._base",
+    "array_streams": "._base",
     "combine_words": "._base",
     "wrap_int32": "._base",
     "InProcessSwitch": "._inprocess",
@@ -56,6 +60,8 @@ __all__ = [
     "Stream",
     "WordSource",
     "SwitchPort",
+    "array_lengths",
+    "array_streams",
     "combine_words",
     "wrap_int32",
     "InProcessSwitch",

@@ -26,12 +26,17 @@ import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .._errors import ProtocolError
 from ..wire import CombineOp
 
-__all__ = ["CombineOp", "Stream", "SwitchPort", "WordSource", "combine_words", "wrap_int32"]
+__all__ = ["CombineOp", "Stream", "SwitchPort", "WordSource", "array_lengths", "array_streams", "combine_words",
+           "wrap_int32"]
+
+_INT32 = np.dtype(np.int32)  # native-endian
+_OPS = frozenset(CombineOp)
 
 
 class WordSource(abc.ABC):
@@ -122,6 +127,35 @@ def combine_words(op: CombineOp, vectors: Sequence[torch.Tensor]) -> torch.Tenso
     return acc
 
 
+def array_lengths(ops: Sequence[CombineOp], words: Sequence[np.ndarray]) -> tuple[int, ...]:
+    """The lengths of :meth:`SwitchPort.combine_arrays`' streams, checked: one op per array (a
+    :class:`~homagg.wire.CombineOp` or its value), each a 1-D native-endian int32 numpy array (else
+    :class:`~homagg.ProtocolError`)."""
+    if len(ops) != len(words):
+        raise ProtocolError(f"combine_arrays: {len(ops)} ops for {len(words)} word arrays")
+    for j, op in enumerate(ops):
+        if op not in _OPS:
+            raise ProtocolError(f"combine_arrays: ops[{j}] = {op!r} is no combine op ({', '.join(o.name for o in CombineOp)})")
+    lengths = []
+    for j, w in enumerate(words):
+        if type(w) is not np.ndarray or w.dtype != _INT32 or w.ndim != 1:
+            raise ProtocolError(f"combine_arrays: words[{j}] must be a 1-D native-endian int32 numpy array, got "
+                                f"{getattr(w, 'dtype', type(w).__name__)} {getattr(w, 'shape', '')}")
+        lengths.append(w.size)
+    return tuple(lengths)
+
+
+def array_streams(ops: Sequence[CombineOp], words: Sequence[np.ndarray],
+                  verify: Callable[[np.ndarray], None] | None = None) -> list[Stream]:
+    """The :class:`Stream` round equivalent to ``combine_arrays(ops, words, verify)`` (checked as
+    :func:`array_lengths` does): stream ``j`` is named ``words[j]`` and holds ``words[j]`` (no copy);
+    stream 0's verifier hands ``verify`` its combined words as a numpy array."""
+    array_lengths(ops, words)
+    check = None if verify is None else (lambda t: verify(t.detach().cpu().numpy()))
+    return [Stream(f"words[{j}]", CombineOp(op), torch.from_numpy(w), verify=check if j == 0 else None)
+            for j, (op, w) in enumerate(zip(ops, words, strict=True))]
+
+
 def wrap_int32(x: torch.Tensor) -> torch.Tensor:
     """Reduce an int64 tensor modulo 2**32 into two's complement int32 (no overflow, any device)."""
     return (((x + 2**31) & 0xFFFFFFFF) - 2**31).to(torch.int32)
@@ -144,6 +178,21 @@ class SwitchPort(abc.ABC):
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
         """Send this worker's round; return the combined words of every stream (same order, int32,
         on the device of that stream's words)."""
+
+    def combine_arrays(self, ops: Sequence[CombineOp], words: Sequence[np.ndarray],
+                       verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
+        """One round of host int32 streams: ``words[j]`` (1-D, native-endian int32) combined with
+        ``ops[j]`` over the job's workers; returns, per stream, a new int32 array the caller owns
+        (the port never reuses it).  ``verify``: called with stream 0's combined words as soon as
+        they are back (before waiting for the rest, where the port can); if it raises, the round is
+        abandoned and the error propagates.  Same semantics, wire bytes, results and errors as
+        :meth:`combine` of :func:`array_streams` (names do not travel); bad arrays raise
+        :class:`~homagg.ProtocolError`.
+
+        This default goes through :meth:`combine`; :class:`~homagg.transport.UdpSwitchPort` runs
+        it without a tensor or a per-round object that it can keep (the small-call path)."""
+        out = self.combine(array_streams(ops, words, verify))
+        return [t.detach().cpu().numpy() for t in out]
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources held by this port (idempotent)."""

@@ -42,7 +42,8 @@ class Round:
         self.job, self.rank, self.seq0 = job, rank, seq0
         #: per stream, the native ``(function, context)`` that writes its payloads (its ``srcs`` entry
         #: is then empty), or None: only the native datapath takes them
-        self.fills = fills if fills is not None else [None] * len(srcs)
+        self._no_fills: list[tuple[int, int] | None] = [None] * len(srcs)
+        self.fills = fills if fills is not None else self._no_fills
         self.nslot, self.base, self.jid, self.token = job.n_slots, job.slot_base, job.job_id, job.token
         self.table, self.srcs, self.outs = table, srcs, outs  # table rows: (stream, offset, word_count, op)
         self._chunks: list[tuple[int, int, int, int]] | None = None
@@ -57,6 +58,19 @@ class Round:
         self.ignored = 0  # datagrams that are no result of this job
         self.probes = 0  # the result group's probes among them
         self.refused = 0  # ICMP port unreachable reported by a receive
+        self._free, self._none = array("q", self.cur), bytes(self.total)
+
+    def start(self, seq0: int, srcs: list[np.ndarray], outs: list[np.ndarray],
+              fills: list[tuple[int, int] | None] | None = None) -> None:
+        """Make this (a port's cached round of this table, :mod:`._roundplan`) the next round:
+        its first global chunk ``seq0``, inputs and outputs; every slot free, no chunk completed
+        (also after an abandoned round).  The per-slot arrays and ``completed`` keep their
+        addresses (the native datapath holds them)."""
+        self.seq0, self.srcs, self.outs = seq0, srcs, outs
+        self.fills = fills if fills is not None else self._no_fills
+        self.cur[:] = self._free
+        self.completed[:] = self._none
+        self.ignored = self.probes = self.refused = 0
 
     @property
     def chunks(self) -> list[tuple[int, int, int, int]]:

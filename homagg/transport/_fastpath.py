@@ -79,6 +79,10 @@ class _RoundState(ctypes.Structure):  # hg_round (_fastround.c)
                 + [("samples", _D * 64)])
 
 
+_FIELDS = [name for name, _ in _RoundState._fields_]
+assert _FIELDS[_FIELDS.index("packets"):][:len(_ROUND_COUNTS)] == list(_ROUND_COUNTS)  # NativeRound._counts' view
+
+
 class _Bufs(ctypes.Structure):  # hg_bufs (_fastround.c)
     _fields_ = [("bufs", ctypes.c_void_p), ("stride", _I), ("rbuf", ctypes.c_void_p), ("rstride", _I),
                 ("events", ctypes.c_void_p), ("max_events", _I), ("late", ctypes.c_void_p), ("ids", ctypes.c_void_p),
@@ -171,11 +175,13 @@ class NativeDatapath:
         job = rnd.job
         self._job = _Job(rnd.seq0, job.n_slots, job.slot_base, job.job_id, rnd.rank, VERSION, job.token)
         self._cols = [np.ascontiguousarray(rnd.table[:, i]) for i in range(4)]  # stream, off, wc, op
-        self._src = (ctypes.c_void_p * len(rnd.srcs))(*[a.ctypes.data for a in rnd.srcs])
-        self._out = (ctypes.c_void_p * len(rnd.outs))(*[a.ctypes.data for a in rnd.outs])
-        # per stream: a word source's fill function and its context (NULL: copy ``src``'s words)
-        self._fill = (ctypes.c_void_p * len(rnd.srcs))(*[f[0] if f else None for f in rnd.fills])
-        self._fill_ctx = (ctypes.c_void_p * len(rnd.srcs))(*[f[1] if f else None for f in rnd.fills])
+        n = len(rnd.srcs)
+        # per stream: its words, its output, a word source's fill function and its context (NULL:
+        # copy ``src``'s words); written by start(bind=True)
+        self._src, self._out = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)()
+        self._fill, self._fill_ctx = (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)()
+        self._run: NativeRound | None = None
+        self.start()
         self._chunks = _Chunks(*[c.ctypes.data for c in self._cols], ctypes.addressof(self._src),
                                ctypes.addressof(self._out), ctypes.addressof(self._fill),
                                ctypes.addressof(self._fill_ctx))
@@ -186,6 +192,18 @@ class NativeDatapath:
         self._cur = _addr(rnd.cur)
         self._completed = _addr(rnd.completed) if rnd.total else None
         self._probe = ctypes.create_string_buffer(PROBE_PREFIX, len(PROBE_PREFIX))
+
+    def start(self, bind: bool = True) -> None:
+        """Take the round's ``seq0`` and, with ``bind``, the addresses of its inputs, outputs and
+        fills (:meth:`._datapath.Round.start`; without: the same arrays as the last bound round):
+        a cached datapath serves every round of its table (:mod:`._roundplan`)."""
+        r = self.r
+        self._job.seq0 = r.seq0
+        if bind:
+            self._src[:] = [a.ctypes.data for a in r.srcs]
+            self._out[:] = [a.ctypes.data for a in r.outs]
+            self._fill[:] = [f[0] if f else None for f in r.fills]
+            self._fill_ctx[:] = [f[1] if f else None for f in r.fills]
 
     def send(self, ids: list[int]) -> int:
         n = len(ids)
@@ -230,8 +248,14 @@ class NativeDatapath:
                 raise BlockingIOError  # drained, as a non-blocking socket says
 
     def round_run(self, loop: Any, window: Any, mfd: int) -> NativeRound:
-        """The C round loop over this datapath for ``loop`` (a :class:`._roundloop.RoundLoop`)."""
-        return NativeRound(self, loop, window, mfd)
+        """The C round loop over this datapath for ``loop`` (a :class:`._roundloop.RoundLoop`):
+        made once per datapath (its structures then serve every round), restarted for ``loop``."""
+        run = self._run
+        if run is None or run.window is not window or run.mfd != mfd or run.ids is not self._ids:
+            self._run = NativeRound(self, loop, window, mfd)
+        else:
+            self._run.restart(loop)
+        return self._run
 
 
 class NativeRound:
@@ -243,18 +267,30 @@ class NativeRound:
     def __init__(self, dp: NativeDatapath, loop: Any, window: Any, mfd: int) -> None:
         r, port = dp.r, loop.port
         self.dp, self.loop, self.window, self.mfd = dp, loop, window, mfd
-        st = self._st = _RoundState(total=r.total, n0=r.n0, verify_left=loop.verify_left, max_rto=port.max_rto,
-                                    floor=window.floor, limit=float(window.limit))
+        self._st = _RoundState(total=r.total, n0=r.n0, max_rto=port.max_rto, floor=window.floor,
+                               limit=float(window.limit))
         self._slots = _Slots(*[_addr(a) for a in (r.cur, r.tries, r.sent_at, r.deadline, port._last_g,
                                                    port._last_retx)])
         sc = dp.scratch
-        ids = dp._ids  # a window's chunk ids: at most n_slots, its size (send() is not called meanwhile)
+        ids = self.ids = dp._ids  # a window's chunk ids: at most n_slots, its size (send() is not called meanwhile)
         self._bufs = _Bufs(r.bufs.ctypes.data, r.stride, sc.rbuf.ctypes.data, _STRIDE, sc.events.ctypes.data,
                            sc.room, sc.late.ctypes.data, ids.ctypes.data, ctypes.addressof(dp._probe),
                            len(PROBE_PREFIX), ctypes.addressof(sc.gso))
+        self._args = (dp.fd, mfd, *map(ctypes.addressof, (dp._job, dp._chunks, self._st, self._slots)), dp._completed,
+                      *map(ctypes.addressof, (self._bufs, dp._counts)))  # held by this object: addresses stay valid
+        #: the round's counts (``_ROUND_COUNTS``' fields, consecutive int64 in ``_RoundState``)
+        self._counts = np.frombuffer(self._st, dtype=np.int64, count=len(_ROUND_COUNTS),
+                                     offset=_RoundState.packets.offset)  # type: ignore[attr-defined]
+        self.restart(loop)
+
+    def restart(self, loop: Any) -> None:
+        """Begin the next round (of the same table) for ``loop``: nothing sent, nothing done; the
+        counts were moved to the port's stats by the last step."""
+        st = self._st
+        self.loop = loop
+        st.low = st.fr_next = st.nsent = st.done = 0
+        st.verify_left = loop.verify_left
         st.backlog = 1  # the first step fills the window
-        self._args = (dp.fd, mfd, ctypes.byref(dp._job), ctypes.byref(dp._chunks), ctypes.byref(st),
-                      ctypes.byref(self._slots), dp._completed, ctypes.byref(self._bufs), ctypes.byref(dp._counts))
 
     def step(self, est: Any, until: float) -> int:
         st, loop, win = self._st, self.loop, self.window
@@ -284,12 +320,13 @@ class NativeRound:
         return int(rc)
 
     def _pull_counts(self) -> None:
-        st, stats, r, c = self._st, self.loop.stats, self.dp.r, self.dp._counts
-        for field, key in _ROUND_COUNTS.items():
-            v = getattr(st, field)
-            if v:
-                stats[key] = stats.get(key, 0) + v
-                setattr(st, field, 0)
+        stats, r, c = self.loop.stats, self.dp.r, self.dp._counts
+        counts = self._counts.tolist()
+        if any(counts):
+            self._counts.fill(0)
+            for key, v in zip(_ROUND_COUNTS.values(), counts):
+                if v:
+                    stats[key] = stats.get(key, 0) + v
         r.ignored += c.ignored
         r.probes += c.probes
         self.dp.scratch.overflow += c.overflow

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import select
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..wire import FLAG_RETRANSMIT, TAG_MASK, set_flags
-from ._base import Stream
 from ._datapath import Round
 from ._stall import stall_error
 
@@ -42,13 +40,16 @@ SCAN_SLICE_S = 0.005
 
 class RoundLoop:
     """Runs one round of ``port`` (a :class:`~homagg.transport.UdpSwitchPort`, whose timers, window
-    and counters it updates) over ``rnd`` with datapath ``dp``; see the module docstring."""
+    and counters it updates) over ``rnd`` with datapath ``dp``; see the module docstring.
+    ``names``: the streams' (for errors); ``verify``: stream 0's verifier, called with a copy of its
+    combined words (:meth:`verify_early`), or None."""
 
-    def __init__(self, port: Any, rnd: Round, dp: Any, streams: Sequence[Stream]) -> None:
-        self.port, self.r, self.dp, self.streams = port, rnd, dp, streams
+    def __init__(self, port: Any, rnd: Round, dp: Any, names: Sequence[str],
+                 verify: Callable[[np.ndarray], None] | None = None) -> None:
+        self.port, self.r, self.dp, self.names, self.verify = port, rnd, dp, names, verify
         self.stats = port.stats
         #: chunks of stream 0 (the first rows of the table) still to complete, when it has a verifier
-        self.verify_left = rnd.n0 if streams and streams[0].verify else 0
+        self.verify_left = rnd.n0 if verify is not None else 0
         self.low = 0  # every chunk below ``low`` has its result
         self.fr_next = 0  # chunks below this were already considered for fast retransmit
         self.nsent = 0  # chunks below this were sent (at least once)
@@ -115,10 +116,10 @@ class RoundLoop:
     def verify_early(self) -> None:
         """Run stream 0's ``verify`` on its combined words; if it raises, the round is abandoned
         (the sequence moves past it) and the error propagates at once."""
-        stream, port = self.streams[0], self.port
-        assert stream.verify is not None
+        port = self.port
+        assert self.verify is not None
         try:
-            stream.verify(torch.from_numpy(self.r.outs[0].copy()))
+            self.verify(self.r.outs[0].copy())
         except BaseException:
             port._seq = self.r.seq0 + self.r.total
             port._sync_rtt_stats()
@@ -145,7 +146,7 @@ class RoundLoop:
         j, off = int(r.table[oldest, 0]), int(r.table[oldest, 1])
         addr = port.switch_addr
         return stall_error(port._ctl, job.job_id, port.rank, stalled_s, job.slot_base + g % job.n_slots,
-                           (g // job.n_slots) & 1, self.streams[j].name, off, len(pending), self.stats.get("refused", 0),
+                           (g // job.n_slots) & 1, self.names[j], off, len(pending), self.stats.get("refused", 0),
                            gone=None if gone is None else f"the switch at {addr[0]}:{addr[1]} {gone}")
 
     # ---------------------------------------------------------------- the reference loop
@@ -265,7 +266,9 @@ class RoundLoop:
             rc = run.step(port.rtt, min(self.next_scan, time.monotonic() + SCAN_SLICE_S))
             if rc == run.VERIFY:
                 self.verify_early()
-                continue
+                if self.done < r.total:
+                    continue
+                break  # the step that verified completed the round too (the next would return DONE at once)
             if rc == run.DONE:
                 break
             now = time.monotonic()

@@ -44,6 +44,12 @@ materialised words, the reference.
 Result arrays of the last rounds (:data:`SPARE_ARRAYS` arrays: the rounds of the pipeline's three
 segments in flight and one more) are reused once unreferenced (:func:`homagg._buffers.spare_int32`).
 
+A round's set-up (chunk table, per-slot state, the native datapath's and C loop's structures) is
+made once per round shape (the streams' lengths and ops) and kept (:mod:`._roundplan`; a round then
+refills its sequence number and addresses).  :meth:`UdpSwitchPort.combine_arrays`, the small-call
+path, runs the same rounds on host int32 arrays: no tensor, and a small round's words copied
+through the plan's own arrays; it and :meth:`UdpSwitchPort.combine` interleave freely on a port.
+
 Never hangs: when no chunk completes for ``timeout`` seconds, :class:`~homagg.SwitchTimeoutError`
 is raised naming the job, the oldest pending slot/bank/offset and the workers the switch has not
 heard from for it (asked over the control port when ``control`` is given).  The error object has
@@ -54,7 +60,7 @@ Usage (one process per worker; job admitted once by anyone, e.g. rank 0)::
     from homagg.transport import ControlClient, UdpSwitchPort
     job = ControlClient(ctl_addr).admit(world_size=4, n_slots=64, words_per_packet=2048)  # rank 0
     port = UdpSwitchPort(data_addr, job=job, rank=r, control=ctl_addr)   # registers its address
-    out = homagg.allreduce(tensor, port)          # or port.combine([Stream(...), ...])
+    out = homagg.allreduce(tensor, port)          # or port.combine([Stream(...), ...]), port.combine_arrays(...)
     port.close()
 """
 
@@ -62,7 +68,7 @@ from __future__ import annotations
 
 import socket
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -70,16 +76,16 @@ import torch
 
 from .._errors import ConfigError, HomAggError
 from ..jobs import JobSpec
-from ..wire import datagram_len
-from ._base import Stream, SwitchPort
+from ..wire import CombineOp, datagram_len
+from ._base import Stream, SwitchPort, array_lengths
 from ._control import ControlClient, parse_addr
 from . import _fastpath as fastpath
-from ._datapath import PyDatapath, Round
 from .._buffers import spare_int32
 from ._sockets import join_results_group, send_datagram, set_buffers
 from ._liveness import JobSighting, Liveness
 from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
-from ._roundloop import DUPTHRESH, RoundLoop, chunk_table
+from ._roundloop import DUPTHRESH
+from ._roundplan import PLANS, RoundPlan
 from ._window import INITIAL_WINDOW, CongestionWindow
 
 __all__ = ["UdpSwitchPort", "DUPTHRESH", "SPARE_ARRAYS"]
@@ -179,6 +185,7 @@ class UdpSwitchPort(SwitchPort):
         self._gso, self._scratch = gso, None  # native: Scratch, made with the port's last socket
         self._seq = 0  # global chunk counter, identical on every worker of the job
         self._spare: list[np.ndarray] = []  # result arrays of the last rounds, reused once unreferenced
+        self._plans: dict[tuple[tuple[int, ...], tuple[int, ...]], RoundPlan] = {}  # round shape -> set-up
         self._last_g = array("q", [-1]) * n  # per slot: global sequence number of the last chunk completed there
         self._last_retx = array("B", [0]) * n  # ... whether it was retransmitted (a second result copy = spurious)
         self.stats: dict[str, int] = dict.fromkeys(
@@ -201,26 +208,54 @@ class UdpSwitchPort(SwitchPort):
         fills = [s.source.native_fill() if self.native and s.source is not None else None for s in streams]
         srcs = [_NO_WORDS if f is not None else s.materialize().detach().cpu().contiguous().numpy()
                 for s, f in zip(streams, fills, strict=True)]
-        lengths = [s.length for s in streams]
+        lengths = tuple(s.length for s in streams)
         outs = [spare_int32(self._spare, n) for n in lengths]
-        table = chunk_table(lengths, [int(s.op) for s in streams], self.job.words_per_packet)
+        plan = self._plan(lengths, tuple(int(s.op) for s in streams))
         self.stats["rounds"] += 1
-        if len(table):
-            self._run(table, srcs, outs, streams, fills)
+        if plan.total:
+            check = streams[0].verify if streams else None
+            self._run(plan, srcs, outs, [s.name for s in streams],
+                      None if check is None else lambda words: check(torch.from_numpy(words)), fills)
         self._spare = (self._spare + outs)[-SPARE_ARRAYS:]
         # results go back to the device the words came from (only compressed words cross to the host)
         return [torch.from_numpy(o).to(s.device) for o, s in zip(outs, streams, strict=True)]
 
-    def _run(self, table: np.ndarray, srcs: list[np.ndarray], outs: list[np.ndarray],
-             streams: Sequence[Stream], fills: list[tuple[int, int] | None]) -> None:
-        rnd = Round(job=self.job, rank=self.rank, seq0=self._seq, table=table, srcs=srcs, outs=outs,
-                    bufs=self._slotbuf, stride=self._stride, fills=fills)
-        if self.native:
-            if self._scratch is None:
+    def combine_arrays(self, ops: Sequence[CombineOp], words: Sequence[np.ndarray],
+                       verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
+        """:meth:`SwitchPort.combine_arrays`: the same round as :meth:`combine` of the equivalent
+        Streams (the same chunks, sequence numbers, protocol and errors; the two interleave freely),
+        with no tensor and no per-round set-up: the round shape's :class:`._roundplan.RoundPlan`
+        (kept per port), and for at most ``SMALL_WORDS`` words a copy through its own arrays."""
+        lengths = array_lengths(ops, words)
+        key = (lengths, tuple(ops))
+        plan = self._plans.get(key) or self._plan(*key)
+        self.stats["rounds"] += 1
+        ins, outs = plan.own_in, plan.own_out
+        if ins is None or outs is None:  # a large round: the caller's words, new result arrays
+            ins, outs = [np.ascontiguousarray(w) for w in words], [np.empty(n, dtype=np.int32) for n in lengths]
+            if plan.total:
+                self._run(plan, ins, outs, plan.names, verify)
+            return outs
+        for own, w in zip(ins, words):
+            np.copyto(own, w)
+        if plan.total:
+            self._run(plan, ins, outs, plan.names, verify)
+        return [o.copy() for o in outs]
+
+    def _plan(self, lengths: tuple[int, ...], ops: tuple[int, ...]) -> RoundPlan:
+        """The cached set-up of rounds of this shape (made on first use; at most ``PLANS`` kept)."""
+        plan = self._plans.get((lengths, ops))
+        if plan is None:
+            if self.native and self._scratch is None:
                 self._scratch = fastpath.Scratch.for_port(self.sock, self.msock, self._gso)
-            RoundLoop(self, rnd, fastpath.NativeDatapath(rnd, self.sock.fileno(), self._scratch), streams).run_native()
-        else:
-            RoundLoop(self, rnd, PyDatapath(rnd, lambda view: self._send(self.sock.send, view)), streams).run_python()
+            if len(self._plans) >= PLANS:
+                del self._plans[next(iter(self._plans))]
+            plan = self._plans[(lengths, ops)] = RoundPlan(self, lengths, ops)
+        return plan
+
+    def _run(self, plan: RoundPlan, srcs: list[np.ndarray], outs: list[np.ndarray], names: Sequence[str],
+             verify: Callable[[np.ndarray], None] | None, fills: list[tuple[int, int] | None] | None = None) -> None:
+        plan.run(self, srcs, outs, names, verify, fills)
 
     def _job_known(self) -> JobSighting:
         """What the switch's status says of this job: does it still hold it (its id and token), and,
@@ -258,8 +293,12 @@ class UdpSwitchPort(SwitchPort):
         send_datagram(self.sock, send, dgram, self.stats,
                       lambda: f"job {self.job.job_id} worker {self.rank}: sending to {self.switch_addr}")
 
+    def _send_to_switch(self, dgram: memoryview) -> None:
+        """The Python datapath's send: one datagram on the unicast socket."""
+        self._send(self.sock.send, dgram)
+
     def close(self) -> None:
-        self._spare = []
+        self._spare, self._plans = [], {}
         self.sock.close()
         if self.msock is not None:
             self.msock.close()

@@ -1,0 +1,80 @@
+"""A :class:`~homagg.transport.UdpSwitchPort`'s cached round set-up: one :class:`RoundPlan` per
+round shape (the streams' lengths and ops), reused by every round of that shape.
+
+Set up afresh, every round built its chunk table, a :class:`._datapath.Round` with its per-slot
+arrays, and the native datapath's ctypes structures (``_Job``, ``_Chunks``, pointer arrays, counts)
+and its C round loop's (``_RoundState``, ``_Slots``, ``_Bufs``): about half of a small round's
+CPU.  A plan builds them once; a round then refills only what changes (:meth:`RoundPlan.run`): the
+first global chunk ``seq0``, the arrays' addresses, the per-slot state.  Rounds of at most
+:data:`SMALL_WORDS` words of :meth:`~homagg.transport.SwitchPort.combine_arrays` go through the
+plan's own input and output arrays (a copy in and a copy out of a few KB: cheaper than taking the
+addresses of the caller's arrays), so they bind no address at all.
+
+Invariants: a round run through a plan puts the same datagrams on the wire and makes the same
+decisions as one set up afresh (the protocol's state lives in the port: ``_seq``, the window, the
+RTO estimator, ``_last_g``/``_last_retx``); a plan holds no reference to the caller's arrays once
+its round ended, whether it completed or raised (``spare_int32`` reuses result arrays nobody
+references); a port keeps at most :data:`PLANS` plans (the oldest goes first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _fastpath as fastpath
+from ._datapath import PyDatapath, Round
+from ._roundloop import RoundLoop, chunk_table
+
+__all__ = ["RoundPlan", "PLANS", "SMALL_WORDS"]
+
+#: round shapes a port keeps a plan for (a training loop repeats a few: its small calls', each
+#: bucket's segments')
+PLANS = 16
+#: ``combine_arrays`` rounds of at most this many words copy through the plan's own arrays
+SMALL_WORDS = 1 << 14
+#: a placeholder array (a plan without own arrays binds the caller's before each round)
+_NO_WORDS = np.zeros(0, dtype=np.int32)
+
+
+class RoundPlan:
+    """The set-up of ``port``'s rounds of streams of ``lengths`` words combined with ``ops``."""
+
+    def __init__(self, port: Any, lengths: tuple[int, ...], ops: tuple[int, ...]) -> None:
+        job = port.job
+        n = len(lengths)
+        small = sum(lengths) <= SMALL_WORDS
+        #: the plan's own input and output arrays (small plans only), else None
+        self.own_in = [np.zeros(k, dtype=np.int32) for k in lengths] if small else None
+        self.own_out = [np.zeros(k, dtype=np.int32) for k in lengths] if small else None
+        self._idle_in = self.own_in or [_NO_WORDS] * n  # what the round holds between rounds
+        self._idle_out = self.own_out or [_NO_WORDS] * n
+        #: stream names of ``combine_arrays`` rounds (errors name them)
+        self.names = [f"words[{j}]" for j in range(n)]
+        self.rnd = Round(job=job, rank=port.rank, seq0=port._seq, table=chunk_table(lengths, ops, job.words_per_packet),
+                         srcs=self._idle_in, outs=self._idle_out, bufs=port._slotbuf, stride=port._stride)
+        self.total = self.rnd.total
+        self.dp: Any = (fastpath.NativeDatapath(self.rnd, port.sock.fileno(), port._scratch) if port.native
+                        else PyDatapath(self.rnd, port._send_to_switch))
+        self._own_bound = small  # the native datapath holds the addresses of the own arrays
+
+    def run(self, port: Any, srcs: list[np.ndarray], outs: list[np.ndarray], names: Sequence[str],
+            verify: Callable[[np.ndarray], None] | None, fills: list[tuple[int, int] | None] | None = None) -> None:
+        """One round of ``port`` (from its ``_seq``) over these arrays; see the module docstring."""
+        rnd = self.rnd
+        own = srcs is self.own_in and outs is self.own_out and fills is None
+        rnd.start(port._seq, srcs, outs, fills)
+        if port.native:
+            self.dp.start(bind=not (own and self._own_bound))
+            self._own_bound = own
+        loop = RoundLoop(port, rnd, self.dp, names, verify)
+        try:
+            if port.native:
+                loop.run_native()
+            else:
+                loop.run_python()
+        finally:
+            rnd.srcs, rnd.outs, rnd.fills = self._idle_in, self._idle_out, rnd._no_fills
+            loop.verify = None  # the native round keeps the loop until the next round

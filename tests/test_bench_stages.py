@@ -36,8 +36,8 @@ def _well_formed(result: dict) -> None:
 def test_local_profile_finds_every_function(tmp_path: Path) -> None:
     result = _stages(tmp_path, "--mode", "local", "--world", "2")
     _well_formed(result)
-    table = result["tables"]["1"]  # the codec's stages ran on every worker thread
-    assert table["codec set-up (Worker, local exponents, history, choice)"]["cpu_us"] > 0
+    table = result["tables"]["1"]  # the codec's stages ran on every worker thread (one block: the small path)
+    assert table["small path: codec (values, exponent, guess, quantise, decode, history)"]["cpu_us"] > 0
 
 
 def test_process_group_profile_finds_every_function(tmp_path: Path) -> None:
@@ -45,5 +45,6 @@ def test_process_group_profile_finds_every_function(tmp_path: Path) -> None:
     _well_formed(result)
     table = result["tables"]["1"]
     for stage in ("caller: PG.allreduce, Work, submit", "datagram I/O: C round loop (send, wait, receive); "
-                  "local: the in-process switch", "completion: Work._complete (futures, events)"):
+                  "local: the in-process switch", "completion: Work._complete (futures, events); inline: CompletedWork",
+                  "small path: codec (values, exponent, guess, quantise, decode, history)"):
         assert table[stage]["cpu_us"] > 0, stage

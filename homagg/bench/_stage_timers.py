@@ -17,7 +17,8 @@ __all__ = ["STAGES", "GAPS", "WAIT", "TOTAL", "Timers", "install", "per_call", "
 STAGES: dict[str, tuple[str, ...]] = {
     "caller: PG.allreduce, Work, submit": (
         "homagg.torch._process_group:ProcessGroupHomagg.allreduce", "homagg.torch._process_group:ProcessGroupHomagg._submit",
-        "homagg.torch._work:FifoWorker.submit", "homagg.torch._work:HomaggWork.__init__"),
+        "homagg.torch._work:FifoWorker.submit", "homagg.torch._work:HomaggWork.__init__",
+        "homagg.torch._process_group:ProcessGroupHomagg._submit_small", "homagg.torch._work:FifoWorker.run_inline"),
     "codec set-up (Worker, local exponents, history, choice)": (
         "homagg.codec._worker:Worker.__init__", "homagg.codec._schemes:_prepare", "homagg.codec._schemes:choose",
         "homagg.codec._history:History.get", "homagg.codec._history:History.put", "homagg.codec._pipeline:segment_length",
@@ -47,7 +48,9 @@ STAGES: dict[str, tuple[str, ...]] = {
         "homagg.codec._protocol:allreduce", "homagg.torch._fallback:PathPort.combine",
         "homagg.torch._fallback:PathPort.at_call_boundary", "homagg.torch._fallback:PathPort.end_call",
         "homagg.torch._process_group:ProcessGroupHomagg._codec_allreduce", "homagg.torch._work:FifoWorker._run"),
-    "completion: Work._complete (futures, events)": ("homagg.torch._work:HomaggWork._complete",),
+    "completion: Work._complete (futures, events); inline: CompletedWork": (
+        "homagg.torch._work:HomaggWork._complete", "homagg.torch._work:CompletedWork.__init__",
+        "homagg.torch._work:CompletedWork.wait"),
     "small path: codec (values, exponent, guess, quantise, decode, history)": (
         "homagg.codec._small:allreduce", "homagg.codec._small:_float_call", "homagg.codec._small:_int_call",
         "homagg.codec._small:_local_exponent", "homagg.codec._small:_quantize", "homagg.codec._small:_dequantize",

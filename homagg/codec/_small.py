@@ -171,7 +171,7 @@ class _Call:
             arrays.append(words)
             stats.bytes_per_stream[name] += 4 * words.size
         ops: Sequence[CombineOp] = _OPS if len(arrays) == 2 else (_MAX_ONLY if verify is not None else _ADD_ONLY)
-        combined = _combine_arrays(self.port, ops, arrays, verify)
+        combined = self.port.combine_arrays(ops, arrays, verify)
         spare: list[int] = []
         if verify is not None:
             verify(combined[0])  # a port whose combine_arrays calls no verify: checked here
@@ -309,12 +309,3 @@ def _int_call(call: _Call, values: list[int] | np.ndarray, dtype: torch.dtype) -
         raise IntegerOverflowError(f"the exact integer sum does not fit {dtype} [{info.min}, {info.max}]")
     return total
 
-
-def _combine_arrays(port, ops, arrays, verify):  # TEMPORARY shim until SwitchPort.combine_arrays lands
-    fn = getattr(port, "combine_arrays", None)
-    if fn is not None:
-        return fn(ops, arrays, verify)
-    from ..transport import Stream
-    streams = [Stream(_descriptor.NAME if (j == 0 and verify is not None) else "values", op, torch.from_numpy(a),
-                      verify=verify if j == 0 else None) for j, (op, a) in enumerate(zip(ops, arrays))]
-    return [t.numpy() for t in port.combine(streams)]

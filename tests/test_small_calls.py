@@ -36,7 +36,8 @@ def _run(calls: list[list[torch.Tensor]], small: bool, scheme: str = "auto", **o
 
     def rank(r: int) -> list[torch.Tensor]:
         port = switch.port(r)
-        return [homagg.codec.allreduce(call[r].clone(), port, scheme=scheme, stats=stats[r][i],
+        # every other call in place (the result written into the input: numpy's view or torch's copy)
+        return [homagg.codec.allreduce(call[r].clone(), port, scheme=scheme, stats=stats[r][i], inplace=i % 2 == 0,
                                        history=histories[r], small_calls=small, **options)
                 for i, call in enumerate(calls)]
 

@@ -61,6 +61,9 @@ __all__ = ["takes", "allreduce"]
 EMPTY = EMPTY_EXPONENT
 _FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 _INTS = frozenset({torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64})
+#: dtypes whose result a CPU tensor's numpy view takes directly (float16/bfloat16 go through torch's
+#: own conversion from float64, as the general path's)
+_NUMPY = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8})
 _OPS = (CombineOp.MAX, CombineOp.ADD)
 _MAX_ONLY = (CombineOp.MAX,)
 _ADD_ONLY = (CombineOp.ADD,)
@@ -83,16 +86,20 @@ def takes(tensor: torch.Tensor, scheme: str, cfg: CodecConfig, world_size: int) 
         limbs = 4 if dtype == torch.int64 else 2
     else:
         return False
-    return scheme == "dense" or (scheme == "auto" and _never_compact(n, limbs, cfg))
+    return scheme == "dense" or (scheme == "auto" and _never_compact(
+        n, limbs, cfg.bandwidth_gbps, cfg.rtt_us, cfg.dense_ns, cfg.bitmap_levels))
 
 
 @lru_cache(maxsize=4096)
-def _never_compact(n: int, limbs: int, cfg: CodecConfig) -> bool:
+def _never_compact(n: int, limbs: int, bandwidth_gbps: float, rtt_us: float, dense_ns: float,
+                   bitmap_levels: int | None) -> bool:
     """Compact's modelled cost (:func:`homagg.codec._schemes.choose`) at an empty union, its
-    cheapest, is no lower than dense's (which does not depend on the union; ties go to dense)."""
+    cheapest, is no lower than dense's (which does not depend on the union; ties go to dense).
+    Keyed by the cost model's fields (hashing a whole :class:`CodecConfig` costs more than this)."""
     from ._schemes import _bitmap_cost
 
-    dense = 4 * n * limbs / (cfg.bandwidth_gbps * 1e9 / 8) + cfg.rtt_us * 1e-6 + n * cfg.dense_ns * 1e-9
+    cfg = CodecConfig(bandwidth_gbps=bandwidth_gbps, rtt_us=rtt_us, dense_ns=dense_ns, bitmap_levels=bitmap_levels)
+    dense = 4 * n * limbs / (bandwidth_gbps * 1e9 / 8) + rtt_us * 1e-6 + n * dense_ns * 1e-9
     return _bitmap_cost(n, 0.0, cfg)[0] >= dense
 
 
@@ -122,8 +129,12 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
         call.limbs = 4 if dtype == torch.int64 else 2
         out = _int_call(call, host.tolist() if n <= _SCALAR else host.to(torch.int64).numpy(), dtype)
         record = Agreed(None, call.union, 0.0, 0, prior.changed if prior is not None else 0.0)
-    if history is not None:
+    if history is not None and not _same(record, prior):
         history.put(slot, record)
+    if inplace and dtype in _NUMPY and flat.device.type == "cpu" and flat.data_ptr() == tensor.data_ptr() \
+            and tensor.is_contiguous():
+        flat.numpy()[:] = out  # numpy's float64 -> float32 cast rounds as torch's copy_ does (C's cast)
+        return tensor
     if isinstance(out, list):
         result = torch.tensor(out, dtype=torch.float64 if dtype in _FLOATS else torch.int64)
     else:
@@ -135,6 +146,14 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
             tensor.copy_(result.reshape(tensor.shape))
         return tensor
     return result.to(dtype).reshape(tensor.shape).to(tensor.device)
+
+
+def _same(record: Agreed, prior: Agreed | None) -> bool:
+    """Whether ``record`` says what the stored ``prior`` says (a steady call that changed nothing:
+    the entry stays, and :meth:`History.get` already made it the most recent)."""
+    return (prior is not None and record.exponents is prior.exponents and record.union == prior.union
+            and record.changed == prior.changed and record.changed_before == prior.changed_before
+            and record.local_nnz == prior.local_nnz)
 
 
 class _Call:
@@ -194,10 +213,8 @@ def _float_call(call: _Call, values: list[float] | np.ndarray, cfg: CodecConfig,
     """Mirror of the general dense protocol for one block (``_schemes._first_call``/``_steady``,
     :class:`~homagg.codec._worker.Worker`'s guess, settle and redo)."""
     local = _local_exponent(values)
-    world, limbs = call.world, call.limbs
-    p = precision_bits(world, limbs)
-    limit = (2**p - 1) if call.dtype == torch.float64 or p <= 24 else 2**p - 2 ** (p - 24)
-    slack = guess_slack(world, limbs) if cfg.guess_window else 0
+    limbs = call.limbs
+    p, limit, slack = _grid(call.world, limbs, call.dtype == torch.float64, cfg.guess_window)
     raise_by = slack // 2
     previous: int | None = None
     if prior is not None and prior.exponents is not None and prior.exponents.numel() == 1:
@@ -225,6 +242,15 @@ def _float_call(call: _Call, values: list[float] | np.ndarray, cfg: CodecConfig,
         changed = 1.0 if (agreed > g or g > agreed + slack) else 0.0
     record = Agreed(_exponent_tensor(agreed), call.union, changed, 0, prior.changed if prior is not None else 0.0)
     return _dequantize(sums, used, p, limbs, isinstance(values, list)), record
+
+
+@lru_cache(maxsize=256)
+def _grid(world: int, limbs: int, float64: bool, window: bool) -> tuple[int, int, int]:
+    """(P, clamp limit, guess slack) of a call (:func:`homagg.codec._blocks.quantize`'s limit: the
+    largest float32 below ``2**P`` where the work type is float32 and ``P > 24``)."""
+    p = precision_bits(world, limbs)
+    limit = (2**p - 1) if float64 or p <= 24 else 2**p - 2 ** (p - 24)
+    return p, limit, (guess_slack(world, limbs) if window else 0)
 
 
 def _local_exponent(values: list[float] | np.ndarray) -> int:

@@ -245,7 +245,8 @@ class FifoWorker:
         finally:
             with self._cond:
                 self._busy, self._inline = False, None
-                self._cond.notify_all()
+                if self._queue or self._closed:  # only then does a thread wait for this (an idle
+                    self._cond.notify_all()  # worker woken for nothing costs a GIL hand-off per call)
         return CompletedWork(op, result, exc)
 
     def _failed(self, exc: BaseException) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import ipaddress
 import os
 import socket
@@ -76,7 +77,7 @@ class _RoundState(ctypes.Structure):  # hg_round (_fastround.c)
                 + [("last_progress", _D)]
                 + [(n, _I) for n in ("packets", "retransmits", "fast_retransmits", "spurious", "results",
                                      "send_stalls", "refused", "late", "nsamples")]
-                + [("samples", _D * 64)])
+                + [("samples", _D * 64), ("next_scan", _D), ("win_changed", _I), ("rare", _I)])
 
 
 _FIELDS = [name for name, _ in _RoundState._fields_]
@@ -87,6 +88,11 @@ class _Bufs(ctypes.Structure):  # hg_bufs (_fastround.c)
     _fields_ = [("bufs", ctypes.c_void_p), ("stride", _I), ("rbuf", ctypes.c_void_p), ("rstride", _I),
                 ("events", ctypes.c_void_p), ("max_events", _I), ("late", ctypes.c_void_p), ("ids", ctypes.c_void_p),
                 ("probe", ctypes.c_void_p), ("probe_len", _I), ("gso", ctypes.c_void_p)]
+
+
+class _Call(ctypes.Structure):  # hg_call (_fastround.c): homagg_fp_round's arguments
+    _fields_ = [("fd", _I), ("mfd", _I)] + [(n, ctypes.c_void_p) for n in (
+        "job", "chunks", "round", "slots", "completed", "bufs", "counts")] + [("slice", _D)]
 
 
 def _library() -> ctypes.CDLL | None:
@@ -103,10 +109,12 @@ def _load() -> ctypes.CDLL | None:
     lib.homagg_fp_send.restype = i64
     lib.homagg_fp_recv.argtypes = [ctypes.c_int, vp, vp, i64, vp, vp, vp, i64, vp, vp, vp, i64, vp, i64, vp]
     lib.homagg_fp_recv.restype = i64
-    if hasattr(lib, "homagg_fp_run"):
+    if hasattr(lib, "homagg_fp_round"):
         lib.homagg_fp_run.argtypes = [ctypes.c_int, ctypes.c_int, vp, vp, vp, vp, vp, vp, vp, ctypes.c_double]
         lib.homagg_fp_run.restype = i64
-    else:  # a library built before the round loop existed: rebuild (pip install -e .)
+        lib.homagg_fp_round.argtypes = [vp, i64]
+        lib.homagg_fp_round.restype = i64
+    else:  # a library built before the round loop (or its small-round entry) existed: rebuild (pip install -e .)
         return None
     return lib
 
@@ -247,26 +255,32 @@ class NativeDatapath:
             if c.drained:
                 raise BlockingIOError  # drained, as a non-blocking socket says
 
-    def round_run(self, loop: Any, window: Any, mfd: int) -> NativeRound:
-        """The C round loop over this datapath for ``loop`` (a :class:`._roundloop.RoundLoop`):
-        made once per datapath (its structures then serve every round), restarted for ``loop``."""
+    def native_round(self, port: Any, mfd: int) -> NativeRound:
+        """The C round loop over this datapath for ``port``'s rounds: made once per datapath (its
+        structures then serve every round)."""
         run = self._run
-        if run is None or run.window is not window or run.mfd != mfd or run.ids is not self._ids:
-            self._run = NativeRound(self, loop, window, mfd)
-        else:
-            self._run.restart(loop)
-        return self._run
+        if run is None or run.window is not port.window or run.mfd != mfd or run.ids is not self._ids:
+            run = self._run = NativeRound(self, port, mfd)
+        return run
+
+    def round_run(self, loop: Any, mfd: int) -> NativeRound:
+        """:meth:`native_round`, restarted for ``loop`` (a :class:`._roundloop.RoundLoop`)."""
+        run = self.native_round(loop.port, mfd)
+        run.restart(loop)
+        return run
 
 
 class NativeRound:
     """``homagg_fp_run`` (``_fastround.c``) for one round: :meth:`step` runs it until the round is
-    done, stream 0 is back (``VERIFY``) or ``until``, mirroring the state both ways each time."""
+    done, stream 0 is back (``VERIFY``) or ``until``, mirroring the state both ways each time;
+    :meth:`call` is the small-round path's entry (``homagg_fp_round``: see :mod:`._roundplan`)."""
 
     DONE, VERIFY, SCAN = 0, 1, 2
 
-    def __init__(self, dp: NativeDatapath, loop: Any, window: Any, mfd: int) -> None:
-        r, port = dp.r, loop.port
-        self.dp, self.loop, self.window, self.mfd = dp, loop, window, mfd
+    def __init__(self, dp: NativeDatapath, port: Any, mfd: int) -> None:
+        from ._roundloop import SCAN_SLICE_S
+        r, window = dp.r, port.window
+        self.dp, self.loop, self.window, self.mfd = dp, None, window, mfd
         self._st = _RoundState(total=r.total, n0=r.n0, max_rto=port.max_rto, floor=window.floor,
                                limit=float(window.limit))
         self._slots = _Slots(*[_addr(a) for a in (r.cur, r.tries, r.sent_at, r.deadline, port._last_g,
@@ -281,7 +295,10 @@ class NativeRound:
         #: the round's counts (``_ROUND_COUNTS``' fields, consecutive int64 in ``_RoundState``)
         self._counts = np.frombuffer(self._st, dtype=np.int64, count=len(_ROUND_COUNTS),
                                      offset=_RoundState.packets.offset)  # type: ignore[attr-defined]
-        self.restart(loop)
+        self.st = self._st
+        self._call = _Call(dp.fd, mfd, *self._args[2:6], dp._completed, *self._args[7:9], SCAN_SLICE_S)
+        #: ``call(start)``: one ``homagg_fp_round`` (start: begin the round first); an int, the step's codes or -errno
+        self.call = functools.partial(_LIB.homagg_fp_round, ctypes.addressof(self._call))  # type: ignore[union-attr]
 
     def restart(self, loop: Any) -> None:
         """Begin the next round (of the same table) for ``loop``: nothing sent, nothing done; the
@@ -292,18 +309,30 @@ class NativeRound:
         st.verify_left = loop.verify_left
         st.backlog = 1  # the first step fills the window
 
-    def step(self, est: Any, until: float) -> int:
-        st, loop, win = self._st, self.loop, self.window
+    def push(self, est: Any) -> None:
+        """Python's window and RTO into the C state (before a call)."""
+        st, win = self._st, self.window
         st.cwnd, st.ssthresh, st.recover, st.reductions, st.undos = win.cwnd, win.ssthresh, win.recover, \
             win.reductions, win.undos
         before = win._before_cut
         st.has_before = before is not None
         if before is not None:
             st.before_cwnd, st.before_ssthresh = before
-        st.rto, st.last_progress = est.rto, loop.last_progress
-        rc = _LIB.homagg_fp_run(*self._args, until)  # type: ignore[union-attr]
+        st.rto = est.rto
+
+    def step(self, est: Any, until: float) -> int:
+        self.push(est)
+        self._st.last_progress = self.loop.last_progress  # type: ignore[union-attr]
+        return self.pull(est, _LIB.homagg_fp_run(*self._args, until))  # type: ignore[union-attr]
+
+    def pull(self, est: Any, rc: int) -> int:
+        """After a call that returned ``rc``: its RTT samples into ``est``, the C state into the
+        window and the loop, its counts into the stats; ``rc`` (raises for an error)."""
+        st, loop, win = self._st, self.loop, self.window
+        assert loop is not None
         for i in range(st.nsamples):
             est.sample(st.samples[i])
+        st.nsamples = 0  # taken (homagg_fp_round's caller may have taken them already)
         win.cwnd, win.ssthresh, win.recover, win.reductions, win.undos = st.cwnd, st.ssthresh, st.recover, \
             st.reductions, st.undos
         win._before_cut = (st.before_cwnd, st.before_ssthresh) if st.has_before else None

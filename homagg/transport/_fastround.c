@@ -11,7 +11,7 @@
  *   undone), then per completed chunk c in arrival order: stream 0's countdown, one RTT sample per
  *   batch (its first chunk sent once: Karn), the slot's last chunk, the lowest incomplete chunk,
  *   window growth, fast retransmit of chunks overtaken by more than DUPTHRESH later results; then
- *   fill the window; poll when nothing came.
+ *   fill the window; poll, and drain only the sockets the poll found something on.
  *
  * It returns HG_RUN_DONE (every chunk completed), HG_RUN_VERIFY (stream 0 just completed: Python
  * verifies it, then calls again), HG_RUN_SCAN (the monotonic clock reached ``until``) or -errno.
@@ -57,6 +57,9 @@ typedef struct {
     int64_t packets, retransmits, fast_retransmits, spurious, results, send_stalls, refused, late;
     int64_t nsamples;
     double samples[MAX_SAMPLES];                  /* RTT samples since the last return */
+    double next_scan;                             /* homagg_fp_round: the round's first timer scan */
+    int64_t win_changed;                          /* the window's state changed since the last return */
+    int64_t rare;                                 /* a count besides packets/results, or win_changed */
 } hg_round;
 
 /* Buffers of the round: scratch arrays of homagg/transport/_fastpath.py Scratch. */
@@ -82,6 +85,7 @@ static void win_on_result(hg_round *r) {
     if (c < r->limit) {
         double grown = c + (c < r->ssthresh ? 1.0 : 1.0 / c);
         r->cwnd = grown < r->limit ? grown : r->limit;
+        r->win_changed = 1;
     }
 }
 
@@ -95,6 +99,7 @@ static void win_on_loss(hg_round *r, int64_t lost, int64_t next_new) {
     r->cwnd = r->ssthresh;
     r->recover = next_new;
     r->reductions++;
+    r->win_changed = 1;
 }
 
 static void win_on_spurious(hg_round *r) {
@@ -104,6 +109,7 @@ static void win_on_spurious(hg_round *r) {
     r->ssthresh = r->before_ssthresh;
     r->has_before = 0;
     r->undos++;
+    r->win_changed = 1;
 }
 
 /* Resend slot s's datagram with FLAG_RETRANSMIT (a full buffer waits up to 50 ms once, then counts
@@ -206,20 +212,25 @@ static int64_t drain(int fd, const hg_job *job, const hg_chunks *ch, hg_round *r
 }
 
 /* Run the round until it completes, stream 0 completes, or the clock reaches ``until``; see the
- * file comment.  ``mfd``: the result group's socket, -1 if none. */
-int64_t homagg_fp_run(int fd, int mfd, const hg_job *job, const hg_chunks *ch, hg_round *r, hg_slots *sl,
-                      uint8_t *completed, const hg_bufs *b, hg_recv_counts *counts, double until) {
+ * file comment.  ``mfd``: the result group's socket, -1 if none.  ``ready``: which sockets to drain
+ * before the first poll (bit 0: fd, bit 1: mfd); afterwards a socket is drained only when ppoll
+ * says it has something (data or an error): an empty socket's drain changes nothing, so this
+ * makes the same decisions as draining both every time, with fewer syscalls. */
+static int64_t run(int fd, int mfd, const hg_job *job, const hg_chunks *ch, hg_round *r, hg_slots *sl,
+                   uint8_t *completed, const hg_bufs *b, hg_recv_counts *counts, double until, int ready) {
     int64_t rc;
     r->nsamples = 0;
+    r->win_changed = 0;
     if (r->done >= r->total)
         return HG_RUN_DONE;
     if (r->backlog && (rc = fill(fd, job, ch, r, sl, b, mono())) < 0)
         return rc;
     for (;;) {
         int64_t nev = 0;  /* each socket gets max_events of room (events holds twice that), as in Python */
-        if ((rc = drain(fd, job, ch, r, sl, completed, b, &nev, b->max_events, counts)) < 0)
+        if ((ready & 1) && (rc = drain(fd, job, ch, r, sl, completed, b, &nev, b->max_events, counts)) < 0)
             return rc;
-        if (mfd >= 0 && (rc = drain(mfd, job, ch, r, sl, completed, b, &nev, nev + b->max_events, counts)) < 0)
+        if (mfd >= 0 && (ready & 2)
+            && (rc = drain(mfd, job, ch, r, sl, completed, b, &nev, nev + b->max_events, counts)) < 0)
             return rc;
         int verify_now = 0;
         double now = mono();
@@ -268,11 +279,62 @@ int64_t homagg_fp_run(int fd, int mfd, const hg_job *job, const hg_chunks *ch, h
             return HG_RUN_DONE;
         if (now >= until || r->nsamples >= MAX_SAMPLES)
             return HG_RUN_SCAN;
-        if (!nev) {
-            struct pollfd pf[2] = {{fd, POLLIN | (r->backlog ? POLLOUT : 0), 0}, {mfd, POLLIN, 0}};
-            double wait = until - now + 1e-4;
-            struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
-            ppoll(pf, mfd >= 0 ? 2 : 1, &ts, NULL);
-        }
+        struct pollfd pf[2] = {{fd, POLLIN | (r->backlog ? POLLOUT : 0), 0}, {mfd, POLLIN, 0}};
+        double wait = until - now + 1e-4;
+        struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
+        if (ppoll(pf, mfd >= 0 ? 2 : 1, &ts, NULL) < 0)
+            ready = 3;  /* interrupted: look at both */
+        else
+            ready = ((pf[0].revents & ~POLLOUT) ? 1 : 0) | (mfd >= 0 && pf[1].revents ? 2 : 0);
     }
+}
+
+int64_t homagg_fp_run(int fd, int mfd, const hg_job *job, const hg_chunks *ch, hg_round *r, hg_slots *sl,
+                      uint8_t *completed, const hg_bufs *b, hg_recv_counts *counts, double until) {
+    return run(fd, mfd, job, ch, r, sl, completed, b, counts, until, 3);
+}
+
+/* homagg_fp_round's arguments, made once per round set-up (homagg/transport/_fastpath.py _Call). */
+typedef struct {
+    int64_t fd, mfd;
+    const hg_job *job;
+    const hg_chunks *ch;
+    hg_round *r;
+    hg_slots *sl;
+    uint8_t *completed;
+    const hg_bufs *b;
+    hg_recv_counts *counts;
+    double slice;  /* the longest one call runs (homagg/transport/_roundloop.py SCAN_SLICE_S) */
+} hg_call;
+
+/* One call of the small-round path (homagg/transport/_fastpath.py NativeRound.quick): with
+ * ``start``, begin the round first (every slot free, no chunk completed, nothing sent, counts
+ * zero, last_progress = now, next_scan = now + rto: what Round.start, NativeRound.restart and
+ * RoundLoop's constructor do); then homagg_fp_run until min(next_scan, now + slice), as the general
+ * loop's steps.  Sets ``rare`` when anything but packets, results and RTT samples
+ * happened (Python then takes the general route for the counts and the window). */
+int64_t homagg_fp_round(const hg_call *a, int64_t start) {
+    hg_round *r = a->r;
+    hg_recv_counts *k = a->counts;
+    int ready = 3;
+    double now = mono();
+    if (start) {
+        for (int64_t s = 0; s < a->job->nslot; s++)
+            a->sl->cur[s] = -1;
+        memset(a->completed, 0, (size_t)r->total);
+        r->low = r->fr_next = r->nsent = r->done = 0;
+        r->backlog = 1;
+        r->last_progress = now;
+        r->next_scan = now + r->rto;
+        ready = 0;  /* nothing of this round can be there yet: poll first */
+    }
+    r->packets = r->retransmits = r->fast_retransmits = r->spurious = r->results = 0;
+    r->send_stalls = r->refused = r->late = 0;
+    k->ignored = k->probes = k->late = k->overflow = 0;
+    double until = r->next_scan, soon = now + a->slice;
+    int64_t rc = run((int)a->fd, (int)a->mfd, a->job, a->ch, r, a->sl, a->completed, a->b, k,
+                     until < soon ? until : soon, ready);
+    r->rare = r->win_changed || r->retransmits || r->fast_retransmits || r->spurious || r->send_stalls
+              || r->refused || r->late || k->ignored || k->probes || k->overflow;
+    return rc;
 }

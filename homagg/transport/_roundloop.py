@@ -259,18 +259,25 @@ class RoundLoop:
         self.finish()
 
     # ---------------------------------------------------------------- the native loop
-    def run_native(self) -> None:
-        port, r, dp = self.port, self.r, self.dp
-        run = dp.round_run(self, port.window, port.msock.fileno() if port.msock is not None else -1)
+    def run_native(self, run: Any = None, rc: int | None = None) -> None:
+        """The native loop; ``run`` and ``rc``: resume a round whose C loop ``run`` (already pulled
+        into this loop: :meth:`._fastpath.NativeRound.pull`) last returned ``rc`` (the small-round
+        path of :mod:`._roundplan` hands its round over so)."""
+        port, r = self.port, self.r
+        if run is None:
+            run = self.dp.round_run(self, port.msock.fileno() if port.msock is not None else -1)
         while True:
-            rc = run.step(port.rtt, min(self.next_scan, time.monotonic() + SCAN_SLICE_S))
+            if rc is None:
+                rc = run.step(port.rtt, min(self.next_scan, time.monotonic() + SCAN_SLICE_S))
             if rc == run.VERIFY:
                 self.verify_early()
                 if self.done < r.total:
+                    rc = None
                     continue
                 break  # the step that verified completed the round too (the next would return DONE at once)
             if rc == run.DONE:
                 break
+            rc = None
             now = time.monotonic()
             if now >= self.next_scan or now - self.last_progress > port.timeout:
                 self.scan(now)  # its resends change only the slots' state, which C reads in place

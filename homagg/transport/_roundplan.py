@@ -8,7 +8,11 @@ CPU.  A plan builds them once; a round then refills only what changes (:meth:`Ro
 first global chunk ``seq0``, the arrays' addresses, the per-slot state.  Rounds of at most
 :data:`SMALL_WORDS` words of :meth:`~homagg.transport.SwitchPort.combine_arrays` go through the
 plan's own input and output arrays (a copy in and a copy out of a few KB: cheaper than taking the
-addresses of the caller's arrays), so they bind no address at all.
+addresses of the caller's arrays), so they bind no address at all, and with the native datapath
+run through :meth:`RoundPlan.run_small`: the round's start and its C loop in one
+``homagg_fp_round`` call each (``_fastround.c``), Python taking only the RTT samples, two counts
+and stream 0's verification, until anything else happens (then the general loop takes the round
+over from the state C left: the same decisions).
 
 Invariants: a round run through a plan puts the same datagrams on the wire and makes the same
 decisions as one set up afresh (the protocol's state lives in the port: ``_seq``, the window, the
@@ -20,6 +24,7 @@ references); a port keeps at most :data:`PLANS` plans (the oldest goes first).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import time
 from typing import Any
 
 import numpy as np
@@ -78,3 +83,58 @@ class RoundPlan:
         finally:
             rnd.srcs, rnd.outs, rnd.fills = self._idle_in, self._idle_out, rnd._no_fills
             loop.verify = None  # the native round keeps the loop until the next round
+
+    def run_small(self, port: Any, verify: Callable[[np.ndarray], None] | None) -> None:
+        """One round of ``port`` over the plan's own arrays (a small plan, the native datapath):
+        :meth:`run`'s round, with the set-up and the first calls of the C loop in C
+        (``homagg_fp_round``) and no Python per call beyond the RTT samples and two counts.  As
+        soon as anything else happens (a retransmission, a late or foreign datagram, a window
+        change, a timer scan, an error) the round goes on in :meth:`RoundLoop.run_native`, from the
+        state the C loop left (the same decisions as :meth:`run` from there on)."""
+        assert self.own_in is not None and self.own_out is not None
+        dp, rnd, est, stats = self.dp, self.rnd, port.rtt, port.stats
+        run = dp.native_round(port, port.msock.fileno() if port.msock is not None else -1)
+        if not self._own_bound:
+            dp.start(bind=True)  # rnd.srcs/outs are the own arrays between rounds
+            self._own_bound = True
+        seq0 = rnd.seq0 = dp._job.seq0 = port._seq
+        st = run.st
+        run.push(est)
+        st.verify_left = rnd.n0 if verify is not None else 0
+        rc = run.call(1)
+        while not st.rare:  # only packets, results and RTT samples so far: Python's part is these
+            for i in range(st.nsamples):
+                est.sample(st.samples[i])
+            st.nsamples = 0
+            stats["packets"] += st.packets
+            stats["results"] += st.results
+            st.packets = st.results = 0
+            if rc == run.VERIFY:
+                try:
+                    verify(self.own_out[0].copy())  # type: ignore[misc]
+                except BaseException:
+                    port._seq = seq0 + self.total
+                    port._sync_rtt_stats()
+                    raise
+                if st.done >= self.total:
+                    rc = run.DONE
+            if rc == run.DONE:
+                port._seq = seq0 + self.total
+                stats["gso"] = port._scratch.gso.value
+                port._sync_rtt_stats()
+                return
+            if rc == run.SCAN:
+                now = time.monotonic()
+                if now >= st.next_scan or now - st.last_progress > port.timeout:
+                    break  # the timer scan's turn: the general loop's
+            elif rc != run.VERIFY:
+                break  # an error: the general loop raises it
+            st.rto = est.rto
+            rc = run.call(0)
+        loop = RoundLoop(port, rnd, dp, self.names, verify)  # the general loop takes the round over
+        loop.next_scan = st.next_scan
+        run.loop = loop
+        try:
+            loop.run_native(run, run.pull(est, rc))
+        finally:
+            loop.verify = None

@@ -32,6 +32,7 @@ N = int(os.environ.get("N", "100000"))
 
 dist.init_process_group("homagg")
 gloo = dist.new_group(backend="gloo")  # the test's own channel, not the group under test
+pair = dist.new_group([0, 1], backend="gloo")  # ranks 0 and 1: both hold the muted call's result
 pg = dist.distributed_c10d._get_default_group()
 
 
@@ -54,6 +55,8 @@ with warnings.catch_warnings(record=True) as caught:
     dist.all_reduce(muted)
     seconds = time.monotonic() - t0
     path_after_muted = pg.path
+    if RANK in (0, 1) and KILL:  # the emulator sends each unmuted rank its copy in turn: rank 0
+        dist.barrier(group=pair)  # must not kill it before rank 1's arrived
     if RANK == 0 and KILL:
         os.kill(emulator.process.pid, signal.SIGKILL)
     if NEXT == "none":

@@ -10,6 +10,7 @@ worker recorded.
 from __future__ import annotations
 
 import math
+import zlib
 
 import pytest
 import torch
@@ -44,7 +45,9 @@ def _run(calls: list[list[torch.Tensor]], small: bool, scheme: str = "auto", **o
     return on_threads(rank, world), stats, histories
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
+def _bits(t: torch.Tensor, signed_zero: bool = True) -> torch.Tensor:
+    if t.dtype in _BITS and not signed_zero:
+        t = t + 0.0  # -0.0 -> +0.0
     return t.view(_BITS[t.dtype]) if t.dtype in _BITS else t
 
 
@@ -54,7 +57,9 @@ def _assert_same_as_general(calls: list[list[torch.Tensor]], scheme: str = "auto
     for r in range(len(calls[0])):
         for i, (a, b) in enumerate(zip(fast[r], slow[r], strict=True)):
             assert a.dtype == b.dtype and a.shape == b.shape
-            assert torch.equal(_bits(a), _bits(b)), (r, i, a, b)
+            # auto's general path may pick sketch, whose in-place result leaves an element outside the
+            # union as the input had it (a -0.0 stays -0.0); dense writes every sum (0 -> +0.0)
+            assert torch.equal(_bits(a, scheme == "dense"), _bits(b, scheme == "dense")), (r, i, a, b)
             assert fast_stats[r][i].schemes["dense"] == 1
             assert fast_stats[r][i].redos == slow_stats[r][i].redos, (r, i)
             if scheme == "dense":  # auto: the general path spends a union estimate on first calls
@@ -86,7 +91,7 @@ def _values(gen: torch.Generator, n: int, dtype: torch.dtype, scale: float) -> t
 @pytest.mark.parametrize("world", [1, 2, 3, 5])
 @pytest.mark.parametrize("scheme", ["auto", "dense"])
 def test_float_sequences_are_bit_identical_to_the_general_path(dtype: torch.dtype, world: int, scheme: str) -> None:
-    gen = torch.Generator().manual_seed(hash((str(dtype), world, scheme)) & 0xFFFF)
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{dtype}{world}{scheme}".encode()))
     for n in (1, 3, 1000):
         scale = 1.0
         calls = []

@@ -115,26 +115,34 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
     """The exact SUM of ``tensor`` over the workers behind ``port`` (see the module docstring);
     ``inplace``: written into ``tensor``, which is returned."""
     dtype, n, world = tensor.dtype, tensor.numel(), port.world_size
-    flat = tensor.detach().reshape(-1)
-    host = flat if flat.device.type == "cpu" else flat.cpu()
+    view: np.ndarray | None = None  # a contiguous CPU tensor's own memory, when numpy can hold its dtype
+    if dtype in _NUMPY and tensor.device.type == "cpu" and tensor.is_contiguous():
+        view = tensor.detach().numpy().reshape(-1)
+        host: torch.Tensor | np.ndarray = view
+    else:
+        flat = tensor.detach().reshape(-1)
+        host = flat if flat.device.type == "cpu" else flat.cpu()
     slot = (key, n, dtype, world, cfg.block_size)
     prior = history.get(slot) if history is not None else None
     stats.schemes["dense"] += 1
     call = _Call(port, stats, n, dtype, scheme, world)
     if dtype in _FLOATS:
         call.limbs = float_words(cfg.precision, world)
-        values = host.tolist() if n <= _SCALAR else host.to(torch.float64).numpy()
+        values = host.tolist() if n <= _SCALAR else (
+            host.astype(np.float64) if view is not None else host.to(torch.float64).numpy())
         out, record = _float_call(call, values, cfg, prior)
     else:
         call.limbs = 4 if dtype == torch.int64 else 2
-        out = _int_call(call, host.tolist() if n <= _SCALAR else host.to(torch.int64).numpy(), dtype)
+        values = host.tolist() if n <= _SCALAR else (
+            host.astype(np.int64) if view is not None else host.to(torch.int64).numpy())
+        out = _int_call(call, values, dtype)
         record = Agreed(None, call.union, 0.0, 0, prior.changed if prior is not None else 0.0)
     if history is not None and not _same(record, prior):
         history.put(slot, record)
-    if inplace and dtype in _NUMPY and flat.device.type == "cpu" and flat.data_ptr() == tensor.data_ptr() \
-            and tensor.is_contiguous():
-        flat.numpy()[:] = out  # numpy's float64 -> float32 cast rounds as torch's copy_ does (C's cast)
+    if inplace and view is not None:
+        view[:] = out  # numpy's float64 -> float32 cast rounds as torch's copy_ does (C's cast)
         return tensor
+    flat = tensor.detach().reshape(-1)
     if isinstance(out, list):
         result = torch.tensor(out, dtype=torch.float64 if dtype in _FLOATS else torch.int64)
     else:

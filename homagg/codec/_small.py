@@ -69,6 +69,8 @@ _MAX_ONLY = (CombineOp.MAX,)
 _ADD_ONLY = (CombineOp.ADD,)
 #: 1-element int32 exponent tensors for the history, one per exponent (never mutated)
 _EXPONENTS: dict[int, torch.Tensor] = {}
+#: ... and their values, by the tensor's id (the tensors above live as long as the module)
+_VALUES: dict[int, int] = {}
 
 
 def takes(tensor: torch.Tensor, scheme: str, cfg: CodecConfig, world_size: int) -> bool:
@@ -107,6 +109,7 @@ def _exponent_tensor(e: int) -> torch.Tensor:
     t = _EXPONENTS.get(e)
     if t is None:
         t = _EXPONENTS[e] = torch.tensor([e], dtype=torch.int32)
+        _VALUES[id(t)] = e
     return t
 
 
@@ -226,7 +229,9 @@ def _float_call(call: _Call, values: list[float] | np.ndarray, cfg: CodecConfig,
     raise_by = slack // 2
     previous: int | None = None
     if prior is not None and prior.exponents is not None and prior.exponents.numel() == 1:
-        previous = int(prior.exponents[0])
+        previous = _VALUES.get(id(prior.exponents))
+        if previous is None or _EXPONENTS.get(previous) is not prior.exponents:  # not one of ours
+            previous = int(prior.exponents[0])
     if previous is not None and prior is not None and min(prior.changed, prior.changed_before) * call.n * limbs <= 1:
         # steady: quantise under the guess (``_schemes._guess_pays`` for one block)
         raised = previous if previous == EMPTY else previous + raise_by

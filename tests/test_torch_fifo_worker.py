@@ -64,6 +64,21 @@ def test_inline_runs_only_while_the_worker_is_idle_and_holds_its_order() -> None
     assert worker.close(2.0)
 
 
+def test_a_call_right_after_a_worker_task_runs_inline() -> None:
+    """The caller wakes when the worker's task completes, before the worker is free (here: a
+    callback chained on the work that takes 1 ms, as a barrier's completion races the worker's
+    bookkeeping); the next small call still runs in the caller's thread, after the worker."""
+    worker, order = _worker(), []
+    for _ in range(20):
+        work = worker.submit("barrier", lambda: [])
+        work.get_future().then(lambda fut: time.sleep(0.001) or order.append("callback"))
+        work.wait()
+        done = worker.run_inline("small", lambda: order.append("inline") or [])
+        assert isinstance(done, CompletedWork), "queued behind a worker that was finishing"
+        assert order[-2:] == ["callback", "inline"]
+    worker.close()
+
+
 def test_close_waits_for_an_inline_task_bounded() -> None:
     worker, gate, started = _worker(), threading.Event(), threading.Event()
     done: list[Any] = []

@@ -185,6 +185,11 @@ class CompletedWork(_TaskWork):
         return self._exc is None
 
 
+#: how long :meth:`FifoWorker.run_inline` waits for a worker that is finishing a task (and nothing is
+#: queued) before it queues the call instead
+SETTLE_S = 0.005
+
+
 class FifoWorker:
     """One daemon thread running a group's collectives in submission order."""
 
@@ -226,6 +231,11 @@ class FifoWorker:
         ``on_error`` gets a :class:`~homagg.TransportError` (the ranks may be out of step)."""
         me = threading.current_thread()
         with self._cond:
+            if me is not self._thread and self._busy and not self._queue and self._inline is None:
+                # the worker is finishing a task, often the one the caller has just waited for (its
+                # completion wakes the caller before the worker is free: a barrier, then this call);
+                # a short wait saves queueing behind it (a hand-off to the worker and a wake-up back)
+                self._cond.wait_for(lambda: not self._busy or self._queue or self._closed, SETTLE_S)
             if self._closed:
                 raise TransportError(f"homagg {op}: the process group has been shut down")
             if self._queue or self._busy or me is self._thread:
@@ -268,6 +278,7 @@ class FifoWorker:
             finally:
                 with self._cond:
                     self._busy = False
+                    self._cond.notify_all()  # a caller may wait in run_inline (no waiter: no syscall)
 
     def _run(self, fn: Callable[[], TaskResult], work: HomaggWork) -> None:
         try:

@@ -89,6 +89,15 @@ def test_small_call_during_backward_goes_to_the_worker(world: int) -> None:
 
 
 @pytest.mark.parametrize("world", [2, 3])
+def test_synchronous_gloo_side_ops_run_inline(world: int) -> None:
+    for rank, value in enumerate(outcome(world, "gloo_side")):
+        assert value["barrier"] and value["broadcast"] and value["max"], (rank, value)
+        assert value["b"] == [1.0] * 3 and value["m"] == [float(world - 1), 0.0] and value["late"] == [0.0] * 2
+        if rank:
+            assert not value["async_completed_at_return"]  # rank 0 sends 0.2 s later: on the worker
+
+
+@pytest.mark.parametrize("world", [2, 3])
 def test_failing_small_call_is_typed_as_on_the_worker(world: int) -> None:
     for value in outcome(world, "failure"):
         inline, worker, want = value["inline"], value["worker"], value["nonfinite"]

@@ -62,7 +62,7 @@ from ._config import BackendConfig
 from ._creation import READY_KEY, arrive, creation_error, gloo_group
 from ._fallback import PathPort
 from ._ops import DELEGATED_OPS, as_options, delegated, reduce_op
-from ._routing import CODEC_FLOAT_DTYPES, CODEC_INT_DTYPES, codec_takes, runs_inline
+from ._routing import CODEC_FLOAT_DTYPES, CODEC_INT_DTYPES, codec_takes, runs_inline, sync_outside_backward
 from ._switch_setup import SwitchLink, await_ranks, open_switch, probe_switch, reopen_switch
 from ._work import CompletedWork, FifoWorker, HomaggWork, TaskResult
 
@@ -197,7 +197,7 @@ class ProcessGroupHomagg(ProcessGroup):
             dtypes = sorted({str(t.dtype) for t in tensors})
             raise InputError(f"homagg: ReduceOp.AVG needs dense floating-point tensors, got {dtypes}")
         gloo_opts = as_options(opts)
-        return self._on_gloo("allreduce", lambda g: g.allreduce(tensors, gloo_opts), tensors)
+        return self._on_gloo("allreduce", lambda g: g.allreduce(tensors, gloo_opts), tensors, opts)
 
     def _codec_allreduce(self, tensors: list[torch.Tensor], op: Any, compress: bool = False) -> TaskResult:
         path = self._path
@@ -223,10 +223,10 @@ class ProcessGroupHomagg(ProcessGroup):
         return tensors
 
     # ------------------------------------------------------------------ delegated on the worker
-    def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> HomaggWork:
+    def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> HomaggWork | CompletedWork:
         tensors = list(tensors)
         opts = opts if opts is not None else dist.BroadcastOptions()
-        return self._on_gloo("broadcast", lambda g: g.broadcast(tensors, opts), tensors)
+        return self._on_gloo("broadcast", lambda g: g.broadcast(tensors, opts), tensors, opts)
 
     def allgather(
         self, output_tensors: Sequence[Sequence[torch.Tensor]], input_tensors: Sequence[torch.Tensor], opts: Any = None
@@ -235,18 +235,18 @@ class ProcessGroupHomagg(ProcessGroup):
         ins = list(input_tensors)
         opts = opts if opts is not None else dist.AllgatherOptions()
         flat = [t for o in outs for t in o]
-        return self._on_gloo("allgather", lambda g: g.allgather(outs, ins, opts), flat)
+        return self._on_gloo("allgather", lambda g: g.allgather(outs, ins, opts), flat, opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> HomaggWork:  # noqa: A002
         opts = opts if opts is not None else dist.AllgatherOptions()
-        return self._on_gloo("all_gather_single", lambda g: g._allgather_base(output, input, opts), [output])
+        return self._on_gloo("all_gather_single", lambda g: g._allgather_base(output, input, opts), [output], opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> HomaggWork:  # noqa: A002
         return self.all_gather_single(output, input, opts)
 
-    def barrier(self, opts: Any = None) -> HomaggWork:
+    def barrier(self, opts: Any = None) -> HomaggWork | CompletedWork:
         opts = opts if opts is not None else dist.BarrierOptions()
-        return self._on_gloo("barrier", lambda g: g.barrier(opts), [])
+        return self._on_gloo("barrier", lambda g: g.barrier(opts), [], opts)
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
         """Barrier that names the ranks that did not arrive (gloo's ``monitored_barrier`` semantics).
@@ -301,9 +301,10 @@ class ProcessGroupHomagg(ProcessGroup):
         if self._broken is None:
             self._broken = exc
 
-    def _on_gloo(self, op: str, call: Any, result: list[torch.Tensor]) -> HomaggWork:
-        """Queue ``op``, run by ``call`` on the private gloo group in the worker thread; gloo's
-        failures (e.g. the plain ``RuntimeError`` of a peer that is gone) become the typed
+    def _on_gloo(self, op: str, call: Any, result: list[torch.Tensor], opts: Any = None) -> HomaggWork | CompletedWork:
+        """Queue ``op``, run by ``call`` on the private gloo group in the worker thread (in the
+        caller's when ``opts`` say synchronous and the worker is idle: :func:`._routing.sync_outside_backward`);
+        gloo's failures (e.g. the plain ``RuntimeError`` of a peer that is gone) become the typed
         :func:`~homagg.transport.transport_error` of ``op``."""
 
         def task() -> TaskResult:
@@ -324,7 +325,7 @@ class ProcessGroupHomagg(ProcessGroup):
                 return list(work.result())  # sparse allreduce: gloo hands back new tensors
             return result
 
-        return self._submit(op, task)
+        return self._submit_small(op, task) if sync_outside_backward(opts) else self._submit(op, task)
 
     def shutdown(self) -> None:
         """Stop the worker, close the switch link (and an owned emulator), release gloo groups."""

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["CODEC_FLOAT_DTYPES", "CODEC_INT_DTYPES", "INLINE_MAX_BYTES", "codec_takes", "runs_inline"]
+__all__ = ["CODEC_FLOAT_DTYPES", "CODEC_INT_DTYPES", "INLINE_MAX_BYTES", "codec_takes", "runs_inline", "sync_outside_backward"]
 
 CODEC_FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
 CODEC_INT_DTYPES = frozenset({torch.int32, torch.int64})
@@ -62,3 +62,14 @@ def runs_inline(tensors: list[torch.Tensor], opts: Any) -> bool:
     for t in tensors:
         size += t.numel() * t.element_size()
     return size <= INLINE_MAX_BYTES
+
+
+def sync_outside_backward(opts: Any) -> bool:
+    """Whether an operation the group runs on its private gloo group (broadcast, allgather, barrier,
+    an allreduce the codec does not take) may run in the caller's thread: synchronous
+    (``opts.asyncOp`` false, as ``dist.barrier()`` and ``dist.broadcast(t, src)`` set it) and outside
+    backward.  Any size: gloo does the work either way, and the caller waits for it either way; what
+    is saved is the hand-off to the worker and the wake-up back (which, for a barrier, also skews
+    when the ranks leave it)."""
+    return (opts is not None and getattr(opts, "asyncOp", True) is False
+            and torch._C._current_graph_task_id() == -1)

@@ -122,6 +122,33 @@ def check_backward() -> dict:
     return {"completed_at_return": states, "grad": w.grad.tolist()}
 
 
+def check_gloo_side() -> dict:
+    """Synchronous gloo-side ops (barrier, broadcast, a MAX allreduce) on an idle worker: completed
+    when they return, with their results; async ones still go to the worker."""
+    bar = dist.BarrierOptions()
+    bar.asyncOp = False
+    barrier = PG.barrier(bar)
+    b = torch.full((3,), float(RANK))
+    bopts = dist.BroadcastOptions()
+    bopts.rootRank, bopts.asyncOp = 1, False
+    bwork = PG.broadcast([b], bopts)
+    m = torch.tensor([float(RANK), -float(RANK)])
+    mwork = PG.allreduce([m], sync_opts(dist.ReduceOp.MAX))
+    out = {"barrier": barrier.is_completed(), "broadcast": bwork.is_completed(), "max": mwork.is_completed()}
+    for w in (barrier, bwork, mwork):
+        w.wait()
+    aopts = dist.BroadcastOptions()
+    aopts.rootRank, aopts.asyncOp = 0, True
+    late = torch.full((2,), float(RANK))
+    if RANK == 0:
+        time.sleep(0.2)  # the others' async broadcast cannot be done at return
+    awork = PG.broadcast([late], aopts)
+    out["async_completed_at_return"] = awork.is_completed()
+    awork.wait()
+    out.update(b=b.tolist(), m=m.tolist(), late=late.tolist())
+    return out
+
+
 def _outcome(fn) -> str:
     try:
         fn()
@@ -161,5 +188,5 @@ def check_failure() -> dict:
 
 
 write_result(run_checks([("completed", check_completed), ("fifo", check_fifo), ("chained", check_chained),
-                         ("backward", check_backward), ("failure", check_failure)]))
+                         ("backward", check_backward), ("gloo_side", check_gloo_side), ("failure", check_failure)]))
 dist.destroy_process_group()

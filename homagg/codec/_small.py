@@ -47,12 +47,12 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .._errors import IntegerOverflowError, NonFiniteError
+from .._errors import NonFiniteError
 from ..transport import SwitchPort
 from ..wire import CombineOp
 from . import _descriptor
 from ._config import CodecConfig
-from ._fixedpoint import EMPTY_EXPONENT, float_words, guess_slack, precision_bits
+from ._fixedpoint import EMPTY_EXPONENT, float_words, from_limbs, guess_slack, precision_bits
 from ._history import Agreed, History
 from ._stats import WorkerStats
 
@@ -332,19 +332,7 @@ def _int_call(call: _Call, values: list[int] | np.ndarray, dtype: torch.dtype) -
     else:
         words = np.stack([(values >> (16 * k)) & 0xFFFF for k in range(limbs - 1)] + [values >> top],
                          axis=1).reshape(-1).astype(np.int32)
-    sums = call.round(None, None, words)[1].astype(np.int64).reshape(-1, limbs)
-    carry = np.zeros(sums.shape[0], dtype=np.int64)
-    total = np.zeros_like(carry)
-    for k in range(limbs - 1):
-        t = sums[:, k] + carry
-        total |= (t & 0xFFFF) << (16 * k)
-        carry = t >> 16
-    high = sums[:, limbs - 1] + carry
-    if bool(((high < -(2**15)) | (high >= 2**15)).any()):
-        raise IntegerOverflowError(f"the exact integer sum does not fit {dtype}")
-    total += high << top
-    info = torch.iinfo(dtype)
-    if dtype != torch.int64 and bool(((total < info.min) | (total > info.max)).any()):
-        raise IntegerOverflowError(f"the exact integer sum does not fit {dtype} [{info.min}, {info.max}]")
-    return total
+    sums = call.round(None, None, words)[1].reshape(-1, limbs)
+    # the general path's own carry and range checks (the same errors, word for word)
+    return from_limbs(torch.from_numpy(sums), dtype).to(torch.int64).numpy()
 

@@ -21,6 +21,7 @@ import functools
 import ipaddress
 import os
 import socket
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 from pathlib import Path
@@ -100,22 +101,32 @@ def _library() -> ctypes.CDLL | None:
     return load_library(__file__, "_fastpath_kernels")
 
 
-def _load() -> ctypes.CDLL | None:
-    lib = _library()
-    if lib is None or not hasattr(lib, "homagg_fp_send"):
+#: what this version calls in the library: a build without one of them is stale
+REQUIRED = ("homagg_fp_send", "homagg_fp_recv", "homagg_fp_run", "homagg_fp_round")
+
+
+def _load(lib: ctypes.CDLL | None = None) -> ctypes.CDLL | None:
+    """The library with its signatures declared, or None (not built, ``HOMAGG_NATIVE=0``, or a
+    stale build: one made before an entry this version calls existed, which warns, as the
+    emulator's engine does, instead of running the Python datapath silently)."""
+    lib = _library() if lib is None else lib
+    if lib is None:
+        return None
+    missing = [name for name in REQUIRED if not hasattr(lib, name)]
+    if missing:
+        warnings.warn(f"homagg: the native datapath library {lib._name} is stale (it lacks {', '.join(missing)}): "
+                      "the worker runs the Python datapath; rebuild it with `pip install -e .`", RuntimeWarning,
+                      stacklevel=2)
         return None
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.homagg_fp_send.argtypes = [ctypes.c_int, vp, vp, vp, i64, vp, i64, vp]
     lib.homagg_fp_send.restype = i64
     lib.homagg_fp_recv.argtypes = [ctypes.c_int, vp, vp, i64, vp, vp, vp, i64, vp, vp, vp, i64, vp, i64, vp]
     lib.homagg_fp_recv.restype = i64
-    if hasattr(lib, "homagg_fp_round"):
-        lib.homagg_fp_run.argtypes = [ctypes.c_int, ctypes.c_int, vp, vp, vp, vp, vp, vp, vp, ctypes.c_double]
-        lib.homagg_fp_run.restype = i64
-        lib.homagg_fp_round.argtypes = [vp, i64]
-        lib.homagg_fp_round.restype = i64
-    else:  # a library built before the round loop (or its small-round entry) existed: rebuild (pip install -e .)
-        return None
+    lib.homagg_fp_run.argtypes = [ctypes.c_int, ctypes.c_int, vp, vp, vp, vp, vp, vp, vp, ctypes.c_double]
+    lib.homagg_fp_run.restype = i64
+    lib.homagg_fp_round.argtypes = [vp, i64]
+    lib.homagg_fp_round.restype = i64
     return lib
 
 

@@ -103,7 +103,8 @@ class PathPort(SwitchPort):
         self.path = "switch"
         self.policy = policy
         self.stats = stats
-        self.last: list[torch.Tensor] | None = None  #: the last switch round's combined words (see above)
+        #: the last switch round's combined words (see above): tensors, or a host-array round's arrays
+        self.last: list[torch.Tensor | np.ndarray] | None = None
         self.rounds = 0  #: rounds completed, on either path (the same count on every rank)
         self.epoch = 0  #: switch links opened after the first
         self._gloo = gloo
@@ -129,11 +130,11 @@ class PathPort(SwitchPort):
                        verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
         """:meth:`combine` of host arrays (the small-call path): the same paths, agreement and fallback."""
         out = self._round(lambda port: port.combine_arrays(ops, words, verify), lambda: array_streams(ops, words, verify),
-                          lambda arrays: [torch.from_numpy(a) for a in arrays])
+                          list)  # as tensors only if a recovery broadcasts them (see _recover)
         return [a if isinstance(a, np.ndarray) else a.numpy() for a in out]  # a fallback's are tensors
 
     def _round(self, run: Callable[[SwitchPort], list[Any]], streams: Callable[[], Sequence[Stream]],
-               as_tensors: Callable[[list[Any]], list[torch.Tensor]]) -> list[Any]:
+               as_tensors: Callable[[list[Any]], list[Any]]) -> list[Any]:
         """``run(port)`` on the path in use; on the switch, a transport error falls back with the round
         as ``streams()``; a switch round's results, ``as_tensors``, are :attr:`last`."""
         if self.path == "host":
@@ -230,7 +231,7 @@ class PathPort(SwitchPort):
             lengths, devices = [s.length for s in streams], [s.device for s in streams]
             buf = torch.empty(sum(lengths), dtype=torch.int32)
         else:
-            held = self.last or []
+            held = [torch.from_numpy(t) if isinstance(t, np.ndarray) else t for t in self.last or []]
             lengths, devices = [t.numel() for t in held], [t.device for t in held]
             buf = (torch.cat([t.detach().cpu().view(-1) for t in held]) if held
                    else torch.empty(0, dtype=torch.int32))

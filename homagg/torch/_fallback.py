@@ -68,6 +68,7 @@ import torch.distributed as dist
 from .._errors import HomAggError, PathWarning, ProtocolError, TransportError
 from ..codec import WorkerStats
 from ..transport import CombineOp, GlooSwitchPort, Stream, SwitchPort, array_streams, transport_error
+from ..transport._base import VerifyOnce
 from ._comeback import GIVE_UP, TRY, ReturnSchedule, canary
 from ._link import SwitchLink
 
@@ -128,10 +129,17 @@ class PathPort(SwitchPort):
 
     def combine_arrays(self, ops: Sequence[CombineOp], words: Sequence[np.ndarray],
                        verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
-        """:meth:`combine` of host arrays (the small-call path): the same paths, agreement and fallback."""
-        out = self._round(lambda port: port.combine_arrays(ops, words, verify), lambda: array_streams(ops, words, verify),
+        """:meth:`combine` of host arrays (the small-call path): the same paths, agreement and fallback;
+        ``verify`` runs exactly once per round (:meth:`SwitchPort.combine_arrays`), on whichever path
+        and part of a fallback got stream 0's words first (a round recovered by another rank's
+        broadcast, or redone by gloo without an early check: on the recovered words)."""
+        once = None if verify is None else VerifyOnce(verify)
+        out = self._round(lambda port: port.combine_arrays(ops, words, once), lambda: array_streams(ops, words, once),
                           list)  # as tensors only if a recovery broadcasts them (see _recover)
-        return [a if isinstance(a, np.ndarray) else a.numpy() for a in out]  # a fallback's are tensors
+        out = [a if isinstance(a, np.ndarray) else a.numpy() for a in out]  # a fallback's are tensors
+        if once is not None:
+            once.ensure(out)
+        return out
 
     def _round(self, run: Callable[[SwitchPort], list[Any]], streams: Callable[[], Sequence[Stream]],
                as_tensors: Callable[[list[Any]], list[Any]]) -> list[Any]:

@@ -32,8 +32,8 @@ import torch
 from .._errors import ProtocolError
 from ..wire import CombineOp
 
-__all__ = ["CombineOp", "Stream", "SwitchPort", "WordSource", "array_lengths", "array_streams", "combine_words",
-           "wrap_int32"]
+__all__ = ["CombineOp", "Stream", "SwitchPort", "VerifyOnce", "WordSource", "array_lengths", "array_streams",
+           "combine_words", "wrap_int32"]
 
 _INT32 = np.dtype(np.int32)  # native-endian
 _OPS = frozenset(CombineOp)
@@ -156,6 +156,28 @@ def array_streams(ops: Sequence[CombineOp], words: Sequence[np.ndarray],
             for j, (op, w) in enumerate(zip(ops, words, strict=True))]
 
 
+class VerifyOnce:
+    """A ``combine_arrays`` verifier that remembers whether it ran: a port whose round may or may
+    not call it (a ``combine`` that verifies early only on some paths, a fallback that recovers the
+    round) passes this one down and then calls :meth:`ensure` with the round's first array, so that
+    the caller's ``verify`` runs exactly once (the :meth:`SwitchPort.combine_arrays` contract)."""
+
+    __slots__ = ("verify", "called")
+
+    def __init__(self, verify: Callable[[np.ndarray], None]) -> None:
+        self.verify = verify
+        self.called = False
+
+    def __call__(self, words: np.ndarray) -> None:
+        self.called = True
+        self.verify(words)
+
+    def ensure(self, results: Sequence[np.ndarray]) -> None:
+        """Call ``verify`` on ``results[0]`` unless it already ran (or the round has no array)."""
+        if not self.called and len(results):
+            self(results[0])
+
+
 def wrap_int32(x: torch.Tensor) -> torch.Tensor:
     """Reduce an int64 tensor modulo 2**32 into two's complement int32 (no overflow, any device)."""
     return (((x + 2**31) & 0xFFFFFFFF) - 2**31).to(torch.int32)
@@ -183,16 +205,29 @@ class SwitchPort(abc.ABC):
                        verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
         """One round of host int32 streams: ``words[j]`` (1-D, native-endian int32) combined with
         ``ops[j]`` over the job's workers; returns, per stream, a new int32 array the caller owns
-        (the port never reuses it).  ``verify``: called with stream 0's combined words as soon as
-        they are back (before waiting for the rest, where the port can); if it raises, the round is
-        abandoned and the error propagates.  Same semantics, wire bytes, results and errors as
+        (the port never reuses it).  Same semantics, wire bytes, results and errors as
         :meth:`combine` of :func:`array_streams` (names do not travel); bad arrays raise
         :class:`~homagg.ProtocolError`.
 
-        This default goes through :meth:`combine`; :class:`~homagg.transport.UdpSwitchPort` runs
-        it without a tensor or a per-round object that it can keep (the small-call path)."""
-        out = self.combine(array_streams(ops, words, verify))
-        return [t.detach().cpu().numpy() for t in out]
+        ``verify`` (when given, and the round has an array): every port calls it **exactly once**
+        per round that returns, with stream 0's combined words, before
+        returning -- as soon as they are back where the port can (before waiting for the rest),
+        else once the round is complete; the caller need not check them again.  If it raises, the
+        round is abandoned and the error propagates (on the in-process switch, rank 0's verifier
+        also judges a round whose ranks' shapes differ).  Every port keeps this: the
+        UDP port, the in-process switch (and the in-process trees built on it), the gloo host path,
+        the process group's :class:`~homagg.torch._fallback.PathPort` on either path and through a
+        fallback (``tests/test_transport_verify_once.py``).
+
+        This default goes through :meth:`combine` (with :class:`VerifyOnce`: a ``combine`` that
+        verified early is not verified again); :class:`~homagg.transport.UdpSwitchPort` runs it
+        without a tensor or a per-round object that it can keep (the small-call path)."""
+        if verify is None:
+            return [t.detach().cpu().numpy() for t in self.combine(array_streams(ops, words))]
+        once = VerifyOnce(verify)
+        out = [t.detach().cpu().numpy() for t in self.combine(array_streams(ops, words, once))]
+        once.ensure(out)
+        return out
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources held by this port (idempotent)."""

@@ -67,19 +67,17 @@ import torch.distributed as dist
 
 from .._errors import HomAggError, PathWarning, ProtocolError, TransportError
 from ..codec import WorkerStats
-from ..transport import CombineOp, GlooSwitchPort, Stream, SwitchPort, array_streams, transport_error
-from ..transport._base import VerifyOnce
+from ..transport import CombineOp, GlooSwitchPort, Stream, SwitchPort, VerifyOnce, array_streams, transport_error
 from ._comeback import GIVE_UP, TRY, ReturnSchedule, canary
 from ._link import SwitchLink
 
 __all__ = ["PathPort"]
 
 _OK, _FAILED, _ABORTED = 0, 1, 2  # a rank's state in the agreement
-#: the agreement at close waits for a rank still in the last round this long past the switch's
-#: progress timeout (the longest that rank can take to find the switch failed)
+#: the agreement at close waits this long past the switch's progress timeout for a rank still in the last round
 _CLOSE_SLACK_S = 5.0
-#: bound on waiting for failed links' closes at :meth:`PathPort.close` (each is bounded itself:
-#: the store count of closed ports, a connect to the switch, an emulator's stop)
+#: bound on waiting for failed links' closes at :meth:`PathPort.close` (each is bounded itself: the store
+#: count of closed ports, a connect to the switch, an emulator's stop)
 _CLOSE_JOIN_S = 20.0
 
 
@@ -129,17 +127,12 @@ class PathPort(SwitchPort):
 
     def combine_arrays(self, ops: Sequence[CombineOp], words: Sequence[np.ndarray],
                        verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
-        """:meth:`combine` of host arrays (the small-call path): the same paths, agreement and fallback;
-        ``verify`` runs exactly once per round (:meth:`SwitchPort.combine_arrays`), on whichever path
-        and part of a fallback got stream 0's words first (a round recovered by another rank's
-        broadcast, or redone by gloo without an early check: on the recovered words)."""
+        """:meth:`combine` of host arrays (the small path): the same paths and fallback; ``verify`` runs once."""
         once = None if verify is None else VerifyOnce(verify)
         out = self._round(lambda port: port.combine_arrays(ops, words, once), lambda: array_streams(ops, words, once),
                           list)  # as tensors only if a recovery broadcasts them (see _recover)
         out = [a if isinstance(a, np.ndarray) else a.numpy() for a in out]  # a fallback's are tensors
-        if once is not None:
-            once.ensure(out)
-        return out
+        return out if once is None else once.ensure(out)  # also where a fallback's recovery did not verify
 
     def _round(self, run: Callable[[SwitchPort], list[Any]], streams: Callable[[], Sequence[Stream]],
                as_tensors: Callable[[list[Any]], list[Any]]) -> list[Any]:
@@ -390,9 +383,8 @@ def _ranks_in(table: list[tuple[int, int]], state: int) -> list[int]:
 
 
 def _close_quietly(link: SwitchLink) -> threading.Thread:
-    """Close a link whose switch failed, off the caller's thread (removing its job from an
-    unreachable switch may wait for a connect timeout); its errors are expected and dropped.
-    Returns the closing thread (:meth:`PathPort.close` joins it)."""
+    """Close a link whose switch failed, off the caller's thread (removing its job from an unreachable
+    switch may wait for a connect timeout; its errors are dropped); the thread (:meth:`PathPort.close` joins it)."""
 
     def run() -> None:
         with warnings.catch_warnings():

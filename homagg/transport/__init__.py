@@ -30,7 +30,8 @@ from .._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from ..wire import CombineOp
-    from ._base import Stream, SwitchPort, WordSource, array_lengths, array_streams, combine_words, wrap_int32
+    from ._base import (Stream, SwitchPort, VerifyOnce, WordSource, array_lengths, array_streams, combine_words,
+                        wrap_int32)
     from ._control import ControlClient, parse_addr
     from ._errmap import transport_error
     from ._gloo import GlooSwitchPort
@@ -42,6 +43,7 @@ _LAZY = {
     "CombineOp": "..wire",
     "Stream": "._base",
     "SwitchPort": "._base",
+    "VerifyOnce": "._base",
     "WordSource": "._base",
     "array_lengths": "._base",
     "array_streams": "._base",
@@ -60,6 +62,7 @@ __all__ = [
     "Stream",
     "WordSource",
     "SwitchPort",
+    "VerifyOnce",
     "array_lengths",
     "array_streams",
     "combine_words",

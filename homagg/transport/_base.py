@@ -172,10 +172,12 @@ class VerifyOnce:
         self.called = True
         self.verify(words)
 
-    def ensure(self, results: Sequence[np.ndarray]) -> None:
-        """Call ``verify`` on ``results[0]`` unless it already ran (or the round has no array)."""
-        if not self.called and len(results):
+    def ensure(self, results: list[np.ndarray]) -> list[np.ndarray]:
+        """Call ``verify`` on ``results[0]`` unless it already ran (or the round has no array);
+        returns ``results``."""
+        if not self.called and results:
             self(results[0])
+        return results
 
 
 def wrap_int32(x: torch.Tensor) -> torch.Tensor:
@@ -225,9 +227,7 @@ class SwitchPort(abc.ABC):
         if verify is None:
             return [t.detach().cpu().numpy() for t in self.combine(array_streams(ops, words))]
         once = VerifyOnce(verify)
-        out = [t.detach().cpu().numpy() for t in self.combine(array_streams(ops, words, once))]
-        once.ensure(out)
-        return out
+        return once.ensure([t.detach().cpu().numpy() for t in self.combine(array_streams(ops, words, once))])
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources held by this port (idempotent)."""

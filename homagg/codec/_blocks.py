@@ -19,16 +19,20 @@ Exactness (why the results are bit-identical to the index path):
 Contiguous float32 CPU tensors take the native kernels where they were built
 (``homagg/codec/_dense_kernels.c`` via :mod:`homagg.codec._native`): each of the three steps one pass over
 memory with no temporaries, computing the same float32 operations in the same order (bit for bit
-the torch code below, which every other tensor takes; ``tests/test_dense_kernels.py``).
+the torch code below, which every other tensor takes; ``tests/test_dense_kernels.py``).  Their
+per-block factors (and the local exponents' frexp) are computed on the host in numpy
+(:mod:`homagg.codec._host_factors`: a few operations on a few hundred words instead of a dozen
+small torch operations per call; the same bits, ``tests/test_host_factors.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
-from . import _hostops, _native
+from . import _host_factors, _hostops, _native
 from .._buffers import WordPool
 from .._errors import NonFiniteError
 from ._fixedpoint import EMPTY_EXPONENT, _pow2, join_words, precision_bits
@@ -68,13 +72,18 @@ def _float32_limit(p: int) -> float:
 
 
 def float32_grid(exps: torch.Tensor, world_size: int,
-                 words: int = 1) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+                 words: int = 1) -> tuple[np.ndarray, np.ndarray | None, float]:
     """(f1, f2, limit) of float32 grid words under block exponents ``exps``: what the native
     quantisers (``homagg_quantize32``, ``homagg_fill_quantize32``, ``homagg_quantize32_wide``)
-    take; the torch path below computes the same per block."""
+    take, as contiguous host arrays; the torch path below computes the same per block (on the
+    host in numpy: :func:`homagg.codec._host_factors.grid_factors32`)."""
     p = precision_bits(world_size, words)
-    f1, f2 = _grid_factors(exps, p, -126, 127, torch.float32)
-    return f1, f2, _float32_limit(p)
+    e = _host_factors.host_exponents(exps)
+    if e is None:
+        f1, f2 = _grid_factors(exps, p, -126, 127, torch.float32)
+        return f1.cpu().numpy(), (None if f2 is None else f2.cpu().numpy()), _float32_limit(p)
+    h1, h2 = _host_factors.grid_factors32(e, p)
+    return h1, h2, _float32_limit(p)
 
 
 def _native_float32(*tensors: torch.Tensor) -> bool:
@@ -89,9 +98,9 @@ def exponents(flat: torch.Tensor, block_size: int) -> torch.Tensor:
     Raises :class:`NonFiniteError` (before anything is sent) if the tensor holds NaN or +-Inf.
     """
     blocks = -(-flat.numel() // block_size)
+    peaks = None
     if flat.dtype == torch.float32 and _native_float32(flat):
         peaks, bad = _native.block_peaks32(flat.numpy(), block_size)
-        peak = torch.from_numpy(peaks)
     else:
         peak = torch.empty(blocks, dtype=flat.dtype, device=flat.device)
         for sl, view in _parts(flat, block_size):
@@ -100,6 +109,8 @@ def exponents(flat: torch.Tensor, block_size: int) -> torch.Tensor:
     if bad:
         count = int((~torch.isfinite(flat)).sum())
         raise NonFiniteError(f"input holds {count} non-finite value(s); nothing was sent")
+    if peaks is not None:  # the host's peaks: frexp in numpy (the same exponents)
+        return torch.from_numpy(_host_factors.frexp_exponents32(peaks))
     e = torch.frexp(peak.to(torch.float64)).exponent.to(torch.int32)
     return torch.where(peak == 0, torch.full_like(e, EMPTY_EXPONENT), e)
 
@@ -121,7 +132,7 @@ def quantize(flat: torch.Tensor, exps: torch.Tensor, world_size: int, block_size
             out = torch.from_numpy(_WORDS.take(flat.numel() * words))
             f1, f2, limit = float32_grid(exps, world_size, words)
             kernel = _native.quantize32 if words == 1 else _native.quantize32_wide
-            kernel(flat.numpy(), block_size, f1.numpy(), None if f2 is None else f2.numpy(), limit, out.numpy())
+            kernel(flat.numpy(), block_size, f1, f2, limit, out.numpy())
             return out
         out = torch.empty(flat.numel() * words, dtype=torch.int32, device=flat.device)
     else:
@@ -178,20 +189,25 @@ def dequantize_into(out: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, w
     exact, which is the same single rounding as the float64 path; other cases use float64.
     ``float32_path``: :func:`decodes_in_float32`'s value where the caller read it already.
     """
+    host = (_host_factors.host_exponents(exps) if out.dtype == torch.float32 and sums.dtype == torch.int32
+            and _native_float32(out, sums) else None)
+    if host is not None:  # the native kernels, their factors computed in numpy (bit for bit the torch code's)
+        p = precision_bits(world_size, words)
+        if words == 2 and _native.WIDE:
+            f1, f2 = _host_factors.decode_factors64(host, p)
+            return _native.dequantize_wide(sums.numpy(), block_size, f1, f2, out.numpy())
+        if words == 1 and float32_path is not False:
+            factor = _host_factors.decode_factors32(host, p)
+            if factor is not None:
+                return _native.dequantize32(sums.numpy(), block_size, factor, out.numpy())
+            float32_path = False  # some block's E - P is outside float32's range: float64 below
     shift = _decode_shift(exps, world_size, words)
     if words == 2:
-        if out.dtype == torch.float32 and _native_float32(out, sums) and _native.WIDE and sums.dtype == torch.int32:
-            first = shift.clamp(-1000, 1000)
-            rest = shift - first
-            f2 = _pow2(rest.clamp(-1000, 1000)).numpy() if bool((rest != 0).any()) else None
-            return _native.dequantize_wide(sums.numpy(), block_size, _pow2(first).numpy(), f2, out.numpy())
         sums = join_words(sums.view(-1, 2))
         float32_path = False
     elif float32_path is None and out.dtype == torch.float32:
         float32_path = bool(decodes_in_float32(exps, world_size))
     fast = out.dtype == torch.float32 and bool(float32_path)
-    if fast and _native_float32(out, sums) and sums.dtype == torch.int32:
-        return _native.dequantize32(sums.numpy(), block_size, _pow2(shift, torch.float32).numpy(), out.numpy())
     for (sl, dst), (_, src) in zip(_parts(out, block_size), _parts(sums, block_size), strict=True):
         if fast:  # int32 -> float32 (one rounding), times an exact power of two, in one pass
             torch.mul(src, _pow2(shift[sl], torch.float32).unsqueeze(1), out=dst)

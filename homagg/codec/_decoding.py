@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from . import _bitmap, _blocks, _fixedpoint, _hostops, _sparse
@@ -50,9 +51,11 @@ class Decoding:
         """After a dense round: ``redo`` (whether a block in ``bad`` must be redone) and, for a
         device input, what :meth:`dense_result` would read (the union's size, the float32
         decoding's range), with :meth:`fetch`'s history counts: one read."""
+        if not self.device_path:  # the host reads ``bad`` (a CPU mask in numpy: one operation)
+            if bad is None:
+                return {"redo": 0}
+            return {"redo": int(np.count_nonzero(bad.numpy()) > 0 if bad.device.type == "cpu" else bool(bad.any()))}
         redo = bad.any() if bad is not None else torch.zeros((), dtype=torch.bool, device=sums.device)
-        if not self.device_path:
-            return {"redo": int(bool(redo))}
         union = torch.count_nonzero(sums.any(dim=1) if self.limbs > 1 else sums)
         if self.dtype != torch.float32 or self.limbs > 1:
             return self.fetch(redo=redo, union=union)

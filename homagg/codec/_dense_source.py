@@ -58,11 +58,9 @@ class QuantizedWords(WordSource):
         if not fills_natively(self._flat):
             return None
         if self._ctx is None:
-            f1, f2, limit = _blocks.float32_grid(self._exponents, self._world_size)
-            f1 = f1.contiguous()
-            f2 = None if f2 is None else f2.contiguous()
+            f1, f2, limit = _blocks.float32_grid(self._exponents, self._world_size)  # contiguous host arrays
             self._keep = (f1, f2)  # the context points into them
-            self._ctx = _QuantCtx(self._flat.data_ptr(), f1.data_ptr(), 0 if f2 is None else f2.data_ptr(),
+            self._ctx = _QuantCtx(self._flat.data_ptr(), f1.ctypes.data, 0 if f2 is None else f2.ctypes.data,
                                   limit, self._block_size)
         assert _native.FILL_QUANTIZE32 is not None
         return _native.FILL_QUANTIZE32, ctypes.addressof(self._ctx)

@@ -1,0 +1,101 @@
+"""Per-block powers of two for the native dense kernels, computed on the host in numpy.
+
+The native kernels (:mod:`homagg.codec._native`) take one or two factors per block, which
+:mod:`homagg.codec._blocks` computes from the block exponents.  The exponents are a few hundred
+int32 words (one per block of 1,024 elements); computing their factors with torch costs a dozen
+small tensor operations per call (several microseconds each, more with cold caches right after
+a round), most of a mid-size call's decode.  These functions compute the same factors in a few
+numpy operations on the host's own array of the exponents.
+
+Invariant (``tests/test_host_factors.py``): each function's values equal, bit for bit, the torch
+code it stands for (:func:`homagg.codec._blocks._grid_factors`, ``_decode_shift`` with
+:func:`homagg.codec._fixedpoint._pow2`, :func:`homagg.codec._blocks.decodes_in_float32`) for
+every int32 exponent, ``EMPTY_EXPONENT`` included; the torch code stays what every device tensor
+(and every CPU tensor without the native kernels) takes.  Powers of two are built from their
+exponent bits (``(shift + bias) << mantissa bits``), as ``_pow2`` builds them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ._fixedpoint import EMPTY_EXPONENT
+
+__all__ = ["host_exponents", "grid_factors32", "frexp_exponents32", "decode_factors32", "decode_factors64"]
+
+
+def host_exponents(exps: torch.Tensor) -> np.ndarray | None:
+    """``exps`` as a numpy array sharing its memory where reading it is free (a CPU tensor), else
+    None (a device tensor: the caller keeps its torch code)."""
+    return exps.numpy() if exps.device.type == "cpu" else None
+
+
+def _shifts(e: np.ndarray, p: int, sign: int) -> np.ndarray:
+    """int64 ``sign * (P - E)`` per block, 0 where ``E`` is EMPTY (its block holds only zeros); as
+    the torch code computes them: ``P - E`` in ``E``'s own integer type (int32: wrapping as torch's
+    subtraction does, for exponents no call carries), ``E - P`` in int64."""
+    if sign > 0:
+        shift = (e.dtype.type(p) - e).astype(np.int64)
+    else:
+        shift = e.astype(np.int64) - p
+    shift[e == EMPTY_EXPONENT] = 0
+    return shift
+
+
+def _split(shift: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """(``shift`` clamped to [-bound, bound - 1] or [-bound, bound], what the clamp left or None
+    where nothing) -- the usual case, every shift in range, costs two reductions and no copy.
+    ``bound``: 126 (float32: [-126, 127]) or 1000 (float64: [-1000, 1000])."""
+    lo, hi = -bound, bound + (1 if bound == 126 else 0)
+    if not shift.size or (int(shift.min()) >= lo and int(shift.max()) <= hi):
+        return shift, None
+    first = np.minimum(np.maximum(shift, lo), hi)
+    rest = shift - first
+    return first, (np.minimum(np.maximum(rest, lo), hi) if rest.any() else None)
+
+
+def _pow2_32(shift: np.ndarray) -> np.ndarray:
+    """``2**shift`` in float32 from its exponent bits (``shift`` in [-126, 127])."""
+    return ((shift + 127) << 23).astype(np.int32).view(np.float32)
+
+
+def _pow2_64(shift: np.ndarray) -> np.ndarray:
+    """``2**shift`` in float64 from its exponent bits (``shift`` in [-1022, 1023], int64)."""
+    return ((shift + 1023) << 52).view(np.float64)
+
+
+def grid_factors32(e: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per block, float32 ``f1`` and ``f2`` whose product is the grid scale ``2**(P - E)`` (1 for an
+    EMPTY block), each in [2**-126, 2**127]; ``f2`` None where it is 1 in every block: what
+    ``_blocks._grid_factors(e, p, -126, 127, torch.float32)`` gives on the CPU."""
+    first, rest = _split(_shifts(e, p, +1), 126)
+    return _pow2_32(first), (None if rest is None else _pow2_32(rest))
+
+
+def decode_factors32(e: np.ndarray, p: int) -> np.ndarray | None:
+    """Per block, float32 ``2**(E - P)`` (1 for an EMPTY block) where every block's ``E - P`` lies in
+    [-126, 127] (:func:`homagg.codec._blocks.decodes_in_float32`; then the float32 decoding is
+    exact), else None (the caller decodes in float64)."""
+    biased = _shifts(e, p, -1)
+    biased += 127
+    if biased.size and (int(biased.min()) < 1 or int(biased.max()) > 254):
+        return None
+    return (biased << 23).astype(np.int32).view(np.float32)
+
+
+def decode_factors64(e: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per block, float64 ``f1`` and ``f2`` whose product is ``2**(E - P)`` (1 for an EMPTY block),
+    each ``2**s`` with ``s`` in [-1000, 1000]; ``f2`` None where it is 1 in every block: the wide
+    decoding's factors (``homagg_dequantize_wide``)."""
+    first, rest = _split(_shifts(e, p, -1), 1000)
+    return _pow2_64(first), (None if rest is None else _pow2_64(rest))
+
+
+def frexp_exponents32(peaks: np.ndarray) -> np.ndarray:
+    """int32 frexp exponent of each finite float32 block peak (``|x| = m * 2**e``, ``m`` in [0.5, 1)),
+    EMPTY where the peak is 0: what ``torch.frexp(peak.double()).exponent`` with EMPTY at zeros
+    gives (a float32 value's frexp exponent is the same in float64, subnormals included)."""
+    e = np.frexp(peaks)[1].astype(np.int32, copy=False)
+    e[peaks == 0] = EMPTY_EXPONENT
+    return e

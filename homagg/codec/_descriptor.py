@@ -61,9 +61,19 @@ def describe(numel: int, dtype: torch.dtype, scheme: str, world_size: int, strea
              device: torch.device, float_words: int = 1) -> Stream:
     """The descriptor stream of a call whose first round carries ``streams`` (``float_words``:
     words per float value, part of the dtype field: ranks that differ in ``precision`` disagree)."""
-    head = words(numel, dtype, scheme, world_size, sum(s.length for s in streams), float_words)
-    return Stream(NAME, CombineOp.MAX, torch.tensor(head + (_EMPTY,) * SPARE, dtype=torch.int32).to(device),
+    round_words = sum(s.length for s in streams)
+    return Stream(NAME, CombineOp.MAX, _tensor(numel, dtype, scheme, world_size, round_words, float_words, device),
                   verify=check)
+
+
+@lru_cache(maxsize=256)
+def _tensor(numel: int, dtype: torch.dtype, scheme: str, world_size: int, round_words: int, float_words: int,
+            device: torch.device) -> torch.Tensor:
+    """The descriptor stream's words on ``device`` (:func:`words`, then :data:`SPARE` MAX
+    identities), built once per call signature: a stream's words are only read (ports copy them
+    into datagrams or combine copies; ``tests/test_rank_mismatch.py`` checks they stay)."""
+    head = words(numel, dtype, scheme, world_size, round_words, float_words)
+    return torch.tensor(head + (_EMPTY,) * SPARE, dtype=torch.int32).to(device)
 
 
 @lru_cache(maxsize=1024)
@@ -90,7 +100,12 @@ def check(combined: torch.Tensor | np.ndarray) -> None:
     """Raise :class:`RankMismatchError` naming every field on which the ranks disagree (the
     combined stream: :data:`LENGTH` words, or a small call's datagram starting with them)."""
     n = len(FIELDS)
-    flat = combined.tolist() if isinstance(combined, np.ndarray) else combined.to("cpu").reshape(-1).tolist()
+    if isinstance(combined, np.ndarray):
+        flat = combined.tolist()
+    elif combined.device.type == "cpu":  # read in place (a stream is 1-D: no reshape)
+        flat = (combined if combined.dim() == 1 else combined.reshape(-1)).tolist()
+    else:
+        flat = combined.to("cpu").reshape(-1).tolist()
     if len(flat) < 2 * n or (not isinstance(combined, np.ndarray) and len(flat) != LENGTH):
         raise ProtocolError(f"descriptor: {len(flat)} combined words, expected {LENGTH}")
     high = flat[:n]

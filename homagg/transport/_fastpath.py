@@ -208,21 +208,31 @@ class NativeDatapath:
         self._events, self._late, self._rbuf = scratch.events, scratch.late, scratch.rbuf
         self._nlate = ctypes.c_int64(0)
         self._counts = _Counts()
+        #: its fields (ignored, probes, late, err, drained, overflow) read at once
+        self._counts_view = np.frombuffer(self._counts, dtype=np.int64)
         self._cur = _addr(rnd.cur)
         self._completed = _addr(rnd.completed) if rnd.total else None
         self._probe = ctypes.create_string_buffer(PROBE_PREFIX, len(PROBE_PREFIX))
 
-    def start(self, bind: bool = True) -> None:
+    def start(self, bind: bool = True, at: tuple[list[int], list[int]] | None = None) -> None:
         """Take the round's ``seq0`` and, with ``bind``, the addresses of its inputs, outputs and
         fills (:meth:`._datapath.Round.start`; without: the same arrays as the last bound round):
-        a cached datapath serves every round of its table (:mod:`._roundplan`)."""
+        a cached datapath serves every round of its table (:mod:`._roundplan`).  ``at``: the
+        inputs' and outputs' addresses, where the caller has them (else numpy's)."""
         r = self.r
         self._job.seq0 = r.seq0
         if bind:
-            self._src[:] = [a.ctypes.data for a in r.srcs]
-            self._out[:] = [a.ctypes.data for a in r.outs]
-            self._fill[:] = [f[0] if f else None for f in r.fills]
-            self._fill_ctx[:] = [f[1] if f else None for f in r.fills]
+            if at is None:
+                self._src[:] = [a.ctypes.data for a in r.srcs]
+                self._out[:] = [a.ctypes.data for a in r.outs]
+            else:
+                self._src[:], self._out[:] = at
+            fills = r.fills
+            if fills is r._no_fills:
+                self._fill[:] = self._fill_ctx[:] = fills
+            else:
+                self._fill[:] = [f[0] if f else None for f in fills]
+                self._fill_ctx[:] = [f[1] if f else None for f in fills]
 
     def send(self, ids: list[int]) -> int:
         n = len(ids)
@@ -360,14 +370,18 @@ class NativeRound:
         return int(rc)
 
     def _pull_counts(self) -> None:
-        stats, r, c = self.loop.stats, self.dp.r, self.dp._counts
         counts = self._counts.tolist()
         if any(counts):
+            stats = self.loop.stats  # type: ignore[union-attr]
             self._counts.fill(0)
             for key, v in zip(_ROUND_COUNTS.values(), counts):
                 if v:
                     stats[key] = stats.get(key, 0) + v
-        r.ignored += c.ignored
-        r.probes += c.probes
-        self.dp.scratch.overflow += c.overflow
-        c.ignored = c.probes = c.late = c.overflow = 0
+        dp = self.dp
+        ignored, probes, late, _err, _drained, overflow = dp._counts_view.tolist()
+        if ignored or probes or late or overflow:  # usually none: four ctypes reads and writes saved
+            c, r = dp._counts, dp.r
+            r.ignored += ignored
+            r.probes += probes
+            dp.scratch.overflow += overflow
+            c.ignored = c.probes = c.late = c.overflow = 0

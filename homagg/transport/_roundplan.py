@@ -66,13 +66,16 @@ class RoundPlan:
         self._own_bound = small  # the native datapath holds the addresses of the own arrays
 
     def run(self, port: Any, srcs: list[np.ndarray], outs: list[np.ndarray], names: Sequence[str],
-            verify: Callable[[np.ndarray], None] | None, fills: list[tuple[int, int] | None] | None = None) -> None:
-        """One round of ``port`` (from its ``_seq``) over these arrays; see the module docstring."""
+            verify: Callable[[np.ndarray], None] | None, fills: list[tuple[int, int] | None] | None = None,
+            at: tuple[list[int], list[int]] | None = None) -> None:
+        """One round of ``port`` (from its ``_seq``) over these arrays; see the module docstring.
+        ``at``: the addresses of ``srcs`` and ``outs``' words, where the caller has them (the
+        native datapath binds them instead of asking numpy)."""
         rnd = self.rnd
         own = srcs is self.own_in and outs is self.own_out and fills is None
         rnd.start(port._seq, srcs, outs, fills)
         if port.native:
-            self.dp.start(bind=not (own and self._own_bound))
+            self.dp.start(bind=not (own and self._own_bound), at=at)
             self._own_bound = own
         loop = RoundLoop(port, rnd, self.dp, names, verify)
         try:

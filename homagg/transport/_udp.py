@@ -97,6 +97,7 @@ __all__ = ["UdpSwitchPort", "DUPTHRESH", "SPARE_ARRAYS"]
 SPARE_ARRAYS = 16
 #: the source array of a stream whose datagrams a native fill function writes
 _NO_WORDS = np.zeros(0, dtype=np.int32)
+_NO_WORDS_AT = _NO_WORDS.ctypes.data
 
 
 class UdpSwitchPort(SwitchPort):
@@ -204,21 +205,53 @@ class UdpSwitchPort(SwitchPort):
 
     # ------------------------------------------------------------------------------------------
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
-        # the native datapath fills a word source's datagrams straight from it (no words array)
-        fills = [s.source.native_fill() if self.native and s.source is not None else None for s in streams]
-        srcs = [_NO_WORDS if f is not None else s.materialize().detach().cpu().contiguous().numpy()
-                for s, f in zip(streams, fills, strict=True)]
-        lengths = tuple(s.length for s in streams)
-        outs = [spare_int32(self._spare, n) for n in lengths]
-        plan = self._plan(lengths, tuple(int(s.op) for s in streams))
+        native, spare = self.native, self._spare
+        srcs: list[np.ndarray] = []
+        outs: list[np.ndarray] = []
+        results: list[torch.Tensor] = []  # the outputs as tensors (CPU; moved to their devices at the end)
+        cpu: list[bool] = []
+        fills: list[tuple[int, int] | None] | None = None  # None: no stream has a native fill
+        # the native datapath takes the arrays' addresses from the tensors (data_ptr: no numpy ctypes object)
+        at: tuple[list[int], list[int]] | None = ([], []) if native else None
+        for j, s in enumerate(streams):
+            source = s.source
+            fill = source.native_fill() if native and source is not None else None
+            if fill is not None:  # the native datapath fills its datagrams straight from it (no words array)
+                if fills is None:
+                    fills = [None] * len(streams)
+                fills[j] = fill
+                srcs.append(_NO_WORDS)
+                n = source.length  # type: ignore[union-attr]
+                cpu.append(source.device.type == "cpu")  # type: ignore[union-attr]
+                if at is not None:
+                    at[0].append(_NO_WORDS_AT)
+            else:
+                w = s.materialize()
+                cpu.append(w.is_cpu)
+                w = w.detach().cpu().contiguous()
+                srcs.append(w.numpy())
+                n = w.numel()
+                if at is not None:
+                    at[0].append(w.data_ptr())
+            out = spare_int32(spare, n)
+            outs.append(out)
+            t = torch.from_numpy(out)
+            results.append(t)
+            if at is not None:
+                at[1].append(t.data_ptr())
+        plan = self._plans.get(key := (tuple(o.size for o in outs), tuple(int(s.op) for s in streams))) \
+            or self._plan(*key)
         self.stats["rounds"] += 1
         if plan.total:
-            check = streams[0].verify if streams else None
+            check = streams[0].verify
             self._run(plan, srcs, outs, [s.name for s in streams],
-                      None if check is None else lambda words: check(torch.from_numpy(words)), fills)
-        self._spare = (self._spare + outs)[-SPARE_ARRAYS:]
+                      None if check is None else lambda words: check(torch.from_numpy(words)), fills, at)
+        self._spare = (spare + outs)[-SPARE_ARRAYS:]
         # results go back to the device the words came from (only compressed words cross to the host)
-        return [torch.from_numpy(o).to(s.device) for o, s in zip(outs, streams, strict=True)]
+        for j, on_cpu in enumerate(cpu):
+            if not on_cpu:
+                results[j] = results[j].to(streams[j].device)
+        return results
 
     def combine_arrays(self, ops: Sequence[CombineOp], words: Sequence[np.ndarray],
                        verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
@@ -262,8 +295,9 @@ class UdpSwitchPort(SwitchPort):
         return plan
 
     def _run(self, plan: RoundPlan, srcs: list[np.ndarray], outs: list[np.ndarray], names: Sequence[str],
-             verify: Callable[[np.ndarray], None] | None, fills: list[tuple[int, int] | None] | None = None) -> None:
-        plan.run(self, srcs, outs, names, verify, fills)
+             verify: Callable[[np.ndarray], None] | None, fills: list[tuple[int, int] | None] | None = None,
+             at: tuple[list[int], list[int]] | None = None) -> None:
+        plan.run(self, srcs, outs, names, verify, fills, at)
 
     def _job_known(self) -> JobSighting:
         """What the switch's status says of this job: does it still hold it (its id and token), and,

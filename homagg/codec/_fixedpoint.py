@@ -38,6 +38,9 @@ import torch
 from .._errors import InputError, IntegerOverflowError, NonFiniteError
 from . import _hostops, _native
 from ._config import PRECISIONS
+# the steady calls' per-block exponent bookkeeping lives in _exponents; its names stay importable from here
+from ._exponents import (EMPTY_EXPONENT, changed_counts, decode_exponents, guess_exponents, mismatched_blocks,
+                         negated_guess, outside_window)
 
 __all__ = [
     "float32_factors",
@@ -67,7 +70,6 @@ __all__ = [
     "from_limbs",
 ]
 
-EMPTY_EXPONENT = -(2**31)  # exponent of a block with no nonzero (identity of MAX)
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
@@ -176,71 +178,6 @@ def guess_slack(world_size: int, words: int = 1) -> int:
         room = precision_bits(world_size, 2) - 25 - (world_size - 1).bit_length()
         return max(0, min(max(WIDE_SLACK, precision_bits(world_size) - 24), room))
     return max(0, precision_bits(world_size) - 24)
-
-
-def guess_exponents(previous: torch.Tensor, local: torch.Tensor, raise_by: int = 0) -> torch.Tensor:
-    """One worker's guess of the exponent a block is quantised under in this call:
-    ``max(previous agreed + raise_by, local)`` where the worker holds a value and the previous call
-    agreed one; its own ``local`` exponent where the previous call held nothing there; EMPTY where
-    it holds nothing (it contributes zeros under any exponent).
-
-    ``raise_by`` (up to :func:`guess_slack`) is headroom above the previous maximum: while every
-    contributor's exponent stays at or below ``previous + raise_by`` they all guess the *same*
-    exponent, whatever each one's own exponent did.  :func:`mismatched_blocks` finds the blocks
-    where the contributors' guesses differ or leave the window.
-    """
-    prev = previous.to(torch.int64)
-    raised = torch.where(prev == EMPTY_EXPONENT, prev, prev + raise_by)
-    guess = torch.maximum(raised, local.to(torch.int64)).to(torch.int32)
-    return torch.where(local == EMPTY_EXPONENT, local, guess)
-
-
-def negated_guess(guess: torch.Tensor) -> torch.Tensor:
-    """``-guess`` where a guess was made, EMPTY elsewhere: combined with MAX it gives ``-min guess``
-    over the workers holding a value in each block."""
-    return torch.where(guess == EMPTY_EXPONENT, guess, -guess)
-
-
-def mismatched_blocks(agreed: torch.Tensor, max_negated_guess: torch.Tensor, slack: int = 0) -> torch.Tensor:
-    """Blocks holding a nonzero somewhere whose words cannot stand: the smallest contributor's guess
-    ``Gmin`` is not within ``[E, E + slack]`` of the agreed (largest local) exponent ``E``.
-
-    Every contributor guessed ``max(common, own)``, so ``Gmin >= E`` means every contributor guessed
-    the same exponent ``Gmin`` (all took the common value, or all own ``E``): the words summed in
-    the other blocks are exactly those of quantising every worker under ``Gmin``, within the error
-    bound while ``Gmin - E <= slack`` (:func:`guess_slack`).  ``slack = 0``: only guesses equal to
-    the agreed exponent stand (results bit-identical to agreeing exponents first).
-    """
-    e = agreed.to(torch.int64)
-    low = -max_negated_guess.to(torch.int64)
-    return (agreed != EMPTY_EXPONENT) & ((low < e) | (low > e + slack))
-
-
-def decode_exponents(agreed: torch.Tensor, max_negated_guess: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
-    """The exponents a call guessed under ends with: the common guess ``Gmin`` in the blocks that
-    stand, the agreed ``agreed`` in the ``bad`` ones (redone) and where no value lies."""
-    low = -max_negated_guess.to(torch.int64)
-    keep = (agreed != EMPTY_EXPONENT) & ~bad
-    return torch.where(keep, low, agreed.to(torch.int64)).to(torch.int32)
-
-
-def outside_window(previous: torch.Tensor, agreed: torch.Tensor, raise_by: int, slack: int) -> torch.Tensor:
-    """Blocks held in both calls whose new agreed exponent ``E`` a guess from ``previous`` would miss
-    (``E > previous + raise_by``, or ``previous + raise_by > E + slack``): the blocks a steady call
-    redoes; with ``raise_by = slack = 0``, the blocks whose exponent moved at all."""
-    prev, e = previous.to(torch.int64), agreed.to(torch.int64)
-    held = (agreed != EMPTY_EXPONENT) & (previous != EMPTY_EXPONENT)
-    g = prev + raise_by
-    return held & ((e > g) | (g > e + slack))
-
-
-def changed_counts(previous: torch.Tensor, agreed: torch.Tensor, raise_by: int,
-                   slack: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(blocks holding a value in both calls, those among them :func:`outside_window`) as 0-d
-    int64 tensors on the exponents' device: ``moved / held`` is the fraction of blocks a guess from
-    ``previous`` would have redone (recorded in the history; read with the call's other figures)."""
-    held = (agreed != EMPTY_EXPONENT) & (previous != EMPTY_EXPONENT)
-    return held.sum(), outside_window(previous, agreed, raise_by, slack).sum()
 
 
 def _block_factors(shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

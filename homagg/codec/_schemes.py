@@ -52,10 +52,11 @@ within the same bound, and bit-identical to a first call with ``guess_window=Fal
 from __future__ import annotations
 
 from collections.abc import Generator, Hashable
+from functools import lru_cache
 
 import torch
 
-from . import _bitmap, _descriptor, _fixedpoint, _hostops, _sketch
+from . import _bitmap, _descriptor, _exponents, _fixedpoint, _hostops, _sketch
 from ._config import CodecConfig, check_scheme
 from .._errors import ProtocolError
 from ._history import Agreed, History
@@ -81,6 +82,19 @@ def choose(numel: int, union_estimate: float, limbs: int, cfg: CodecConfig) -> s
     rows) took 23 ms with compact and 39-51 ms with sketch.  Ties go to the simpler scheme.  The inputs are
     agreed by all workers, so every worker chooses the same continuation.
     """
+    return _choice(numel, union_estimate, limbs, cfg.bandwidth_gbps, cfg.rtt_us, cfg.sketch_cells,
+                   cfg.sketch_overhead, cfg.dense_ns, cfg.compact_ns, cfg.peel_ns, cfg.bitmap_levels)
+
+
+@lru_cache(maxsize=4096)
+def _choice(numel: int, union_estimate: float, limbs: int, bandwidth_gbps: float, rtt_us: float,
+            sketch_cells: int | None, sketch_overhead: float, dense_ns: float, compact_ns: float, peel_ns: float,
+            bitmap_levels: int | None) -> str:
+    """:func:`choose`, a pure function of the cost model's fields (remembered: a steady call asks
+    the same question each time; hashing these costs less than a whole :class:`CodecConfig`)."""
+    cfg = CodecConfig(bandwidth_gbps=bandwidth_gbps, rtt_us=rtt_us, sketch_cells=sketch_cells,
+                      sketch_overhead=sketch_overhead, dense_ns=dense_ns, compact_ns=compact_ns, peel_ns=peel_ns,
+                      bitmap_levels=bitmap_levels)
     bandwidth = cfg.bandwidth_gbps * 1e9 / 8
     rtt = cfg.rtt_us * 1e-6
     cells = cfg.sketch_cells or _sketch.sketch_cells(union_estimate, cfg.sketch_overhead)
@@ -141,8 +155,8 @@ def run(w: Worker, scheme: str, stats: WorkerStats, history: History | None = No
     slot = _slot(w, key)
     prior = history.get(slot) if history is not None else None
     w.prior = prior.exponents if prior is not None else None
-    _prepare(w, scheme, prior)
-    body = _first_call(w, scheme, stats) if prior is None else _steady(w, scheme, stats, prior)
+    continuation = _prepare(w, scheme, prior)
+    body = _first_call(w, scheme, stats) if prior is None else _steady(w, continuation, stats, prior)
     flat = yield from _described(body, w, scheme, stats)
     if history is not None:
         agreed = w.agreed if w.agreed is not None else w.exponents
@@ -153,13 +167,12 @@ def run(w: Worker, scheme: str, stats: WorkerStats, history: History | None = No
 
 def _changed(prior: Agreed | None, agreed: torch.Tensor | None, raise_by: int, slack: int) -> float:
     """Fraction of the blocks holding a value in both calls whose agreed exponent left the guess
-    window around ``prior``'s (:func:`homagg.codec._fixedpoint.outside_window`: the blocks a guess
+    window around ``prior``'s (:func:`homagg.codec._exponents.outside_window`: the blocks a guess
     redoes; a block filled afresh is guessed right by a worker holding it alone, as embedding rows
     are)."""
     if prior is None or prior.exponents is None or agreed is None or prior.exponents.shape != agreed.shape:
         return 0.0
-    held, moved = (int(c) for c in _fixedpoint.changed_counts(prior.exponents, agreed, raise_by, slack))
-    return moved / held if held else 0.0
+    return _exponents.changed_fraction(prior.exponents, agreed, raise_by, slack)
 
 
 def _guess_pays(w: Worker, prior: Agreed) -> bool:
@@ -208,7 +221,9 @@ def prepare(w: Worker, scheme: str, history: History | None = None, key: Hashabl
     _prepare(w, scheme, history.get(_slot(w, key)) if history is not None else None)
 
 
-def _prepare(w: Worker, scheme: str, prior: Agreed | None) -> None:
+def _prepare(w: Worker, scheme: str, prior: Agreed | None) -> str:
+    """:func:`prepare` given the history's entry; returns the scheme a steady call continues with
+    (``auto``'s :func:`choose` from the remembered union, made once per call)."""
     if prior is not None and prior.local_nnz:  # room for the scan's listing: the last call's count and some
         w.nnz_hint = prior.local_nnz + prior.local_nnz // 8 + 1024
     if scheme == "auto" and prior is not None:
@@ -217,6 +232,7 @@ def _prepare(w: Worker, scheme: str, prior: Agreed | None) -> None:
         w.idx  # noqa: B018 - built first: the exponents then cost O(nnz), not a dense pass (a device's
         # compact lists no local nonzeros: its words are gathered at the union's positions)
     w.local_exponents  # noqa: B018 - computed (and the input checked) now
+    return scheme
 
 
 def _first_call(w: Worker, scheme: str, stats: WorkerStats) -> Protocol:
@@ -249,8 +265,7 @@ def _first_call(w: Worker, scheme: str, stats: WorkerStats) -> Protocol:
 
 
 def _steady(w: Worker, scheme: str, stats: WorkerStats, prior: Agreed) -> Protocol:
-    if scheme == "auto":
-        scheme = choose(w.numel, float(prior.union), w.limbs, w.cfg)
+    """A call with a history entry; ``scheme``: :func:`_prepare`'s continuation (never ``auto``)."""
     if scheme == "compact":
         return (yield from _compact(w, stats, bitmap_levels(w.numel, float(prior.union), w.cfg)))
     previous = prior.exponents if w.is_float else None

@@ -15,10 +15,11 @@ compact and sketch use).  Both give the same words for the same element.
 from __future__ import annotations
 
 from collections.abc import Generator
+from functools import cache
 
 import torch
 
-from . import _bitmap, _blocks, _dense_source, _fixedpoint, _hostops, _sparse
+from . import _bitmap, _blocks, _dense_source, _exponents, _fixedpoint, _hostops, _sparse
 from ._config import CodecConfig
 from ._decoding import Decoding
 from .._errors import ProtocolError
@@ -76,6 +77,8 @@ class Worker(Decoding):
         self.prior: torch.Tensor | None = None
         self.changed: float | None = None
         self._local_exponents: torch.Tensor | None = None
+        #: :meth:`guess`'s exponents and their negation (the MAX stream), computed together
+        self._guessed: tuple[torch.Tensor, torch.Tensor] | None = None
         self.exponents: torch.Tensor | None = None
         #: the fresh agreed (largest local) exponents where they differ from :attr:`exponents`
         #: (after a guess); None when the words were quantised under the agreed exponents
@@ -178,25 +181,25 @@ class Worker(Decoding):
         return combined
 
     def window(self) -> tuple[int, int]:
-        """(raise_by, slack) of this call's guesses (:func:`homagg.codec._fixedpoint.guess_exponents`,
-        :func:`~homagg.codec._fixedpoint.mismatched_blocks`): half the unused precision bits above
+        """(raise_by, slack) of this call's guesses (:func:`homagg.codec._exponents.guess_exponents`,
+        :func:`~homagg.codec._exponents.mismatched_blocks`): half the unused precision bits above
         the previous maximum, all of them as tolerance; (0, 0) with ``guess_window`` off."""
-        if not self.cfg.guess_window:
-            return 0, 0
-        slack = _fixedpoint.guess_slack(self.world_size, self.limbs if self.is_float else 1)
-        return slack // 2, slack
+        return _window(self.world_size, self.limbs if self.is_float else 1, self.cfg.guess_window)
 
     def guess(self, previous: torch.Tensor) -> torch.Tensor:
         """Quantise under this worker's guess of the exponents (from the previous call's agreed
         ones, raised by :meth:`window`'s headroom); return the guess."""
         assert self.local_exponents is not None
-        guess = _fixedpoint.guess_exponents(previous, self.local_exponents, self.window()[0])
+        guess, negated = _exponents.guess_and_negated(previous, self.local_exponents, self.window()[0])
+        self._guessed = (guess, negated)
         self.quantize(guess)
         return guess
 
     def guess_streams(self, guess: torch.Tensor) -> Round:
         """What travels with words quantised under ``guess``: the fresh exponents and the guesses."""
-        return self.exponent_streams() + [Stream("guess", CombineOp.MAX, _fixedpoint.negated_guess(guess))]
+        guessed = self._guessed
+        negated = guessed[1] if guessed is not None and guessed[0] is guess else _exponents.negated_guess(guess)
+        return self.exponent_streams() + [Stream("guess", CombineOp.MAX, negated)]
 
     def settle(self, fresh: torch.Tensor, max_negated_guess: torch.Tensor) -> torch.Tensor:
         """After a round quantised under guesses: the blocks whose common guess stands keep it (the
@@ -206,12 +209,15 @@ class Worker(Decoding):
         window), unread.  The words are re-quantised under the exponents used, when next asked
         for: in every block that stands they are the words sent (each contributor guessed the
         common exponent there), so only a redo or repair round asks.  ``fresh`` (the largest local
-        exponents) is what the next call's guess starts from (:attr:`agreed`).
+        exponents) is what the next call's guess starts from (:attr:`agreed`); on the host,
+        :attr:`changed` (``fresh`` against :attr:`prior`) comes from the same pass.
         """
-        bad = _fixedpoint.mismatched_blocks(fresh, max_negated_guess, self.window()[1])
+        settled = _exponents.settle_exponents(fresh, max_negated_guess, *self.window(), previous=self.prior)
         self.agreed = fresh
-        self.quantize(_fixedpoint.decode_exponents(fresh, max_negated_guess, bad))
-        return bad
+        self.quantize(settled.exponents)
+        if settled.changed is not None:  # read on the host with the rest (a device's: at :meth:`fetch`)
+            self.changed = settled.changed
+        return settled.bad
 
     def fetch(self, **scalars: torch.Tensor) -> dict[str, int]:
         """The values of 0-d integer or bool tensors, read in one transfer (one synchronisation
@@ -223,7 +229,7 @@ class Worker(Decoding):
                   and self.prior.shape == agreed.shape)
         if counts:
             assert self.prior is not None and agreed is not None
-            values += _fixedpoint.changed_counts(self.prior, agreed, *self.window())
+            values += _exponents.changed_counts(self.prior, agreed, *self.window())
         read = torch.stack(values).tolist() if values else []
         if counts:
             held, moved = read[-2:]
@@ -342,6 +348,17 @@ class Worker(Decoding):
         starts = torch.nonzero(bad).squeeze(1) * b
         pos = (starts.unsqueeze(1) + torch.arange(b, device=self.device)).reshape(-1)
         return pos[pos < self.numel]
+
+
+@cache
+def _window(world_size: int, words: int, guess_window: bool) -> tuple[int, int]:
+    """:meth:`Worker.window` of a job: (half the slack, the slack) of
+    :func:`homagg.codec._fixedpoint.guess_slack`, (0, 0) without a guess window (a pure function
+    of the three, computed once)."""
+    if not guess_window:
+        return 0, 0
+    slack = _fixedpoint.guess_slack(world_size, words)
+    return slack // 2, slack
 
 
 def exchange(streams: Round, stats: WorkerStats) -> Generator[Round, list[torch.Tensor], list[torch.Tensor]]:

@@ -1,0 +1,252 @@
+"""Per-block exponent bookkeeping of steady calls: guesses, which blocks stand, what moved.
+
+Every function here works on one-per-block int32 exponent tensors (EMPTY_EXPONENT where a block
+holds no value) and computes with integer arithmetic only.  Each has two paths that give the same
+values bit for bit (``tests/test_exponents.py`` compares them on random and extreme exponents):
+
+* host tensors (int32/bool on the CPU: :func:`homagg.codec._hostops.reads_free`): numpy on
+  ``.numpy()`` views of the tensors, a few vectorised operations per call and the results wrapped
+  with ``torch.from_numpy`` (a mid-size call has 64-256 blocks, where a torch operation's fixed
+  cost is most of its time);
+* any other tensor (a device's, or another dtype): the torch operations (``_torch_*``), which
+  never read a value on the host.
+
+The numpy path computes in int64 where the torch path does and wraps to int32 in the same places
+(``astype(np.int32)`` and ``.to(torch.int32)`` both reduce modulo 2**32).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from . import _hostops
+
+__all__ = [
+    "EMPTY_EXPONENT",
+    "guess_exponents",
+    "negated_guess",
+    "guess_and_negated",
+    "mismatched_blocks",
+    "decode_exponents",
+    "Settled",
+    "settle_exponents",
+    "outside_window",
+    "changed_counts",
+    "changed_fraction",
+]
+
+EMPTY_EXPONENT = -(2**31)  # exponent of a block with no nonzero (identity of MAX)
+_EMPTY64 = np.int64(EMPTY_EXPONENT)
+
+
+def _host(*exponents: torch.Tensor, mask: torch.Tensor | None = None) -> bool:
+    """Whether the numpy path serves these tensors: int32 ``exponents`` (and a bool ``mask``)
+    whose values the host reads for free (:func:`homagg.codec._hostops.reads_free`: CPU tensors,
+    unless a test routes them along a device's path); any other tensor takes the torch operations."""
+    free = _hostops.reads_free
+    return (all(t.dtype == torch.int32 and free(t) for t in exponents)
+            and (mask is None or (mask.dtype == torch.bool and free(mask))))
+
+
+# ---------------------------------------------------------------------------- guesses
+def guess_exponents(previous: torch.Tensor, local: torch.Tensor, raise_by: int = 0) -> torch.Tensor:
+    """One worker's guess of the exponent a block is quantised under in this call:
+    ``max(previous agreed + raise_by, local)`` where the worker holds a value and the previous call
+    agreed one; its own ``local`` exponent where the previous call held nothing there; EMPTY where
+    it holds nothing (it contributes zeros under any exponent).
+
+    ``raise_by`` (up to :func:`homagg.codec._fixedpoint.guess_slack`) is headroom above the
+    previous maximum: while every contributor's exponent stays at or below ``previous + raise_by``
+    they all guess the *same* exponent, whatever each one's own exponent did.
+    :func:`mismatched_blocks` finds the blocks where the contributors' guesses differ or leave the
+    window.
+    """
+    if _host(previous, local):
+        return torch.from_numpy(_np_guess(previous.numpy(), local.numpy(), raise_by))
+    return _torch_guess_exponents(previous, local, raise_by)
+
+
+def negated_guess(guess: torch.Tensor) -> torch.Tensor:
+    """``-guess`` where a guess was made, EMPTY elsewhere: combined with MAX it gives ``-min guess``
+    over the workers holding a value in each block."""
+    if _host(guess):
+        return torch.from_numpy(_np_negated(guess.numpy()))
+    return _torch_negated_guess(guess)
+
+
+def guess_and_negated(previous: torch.Tensor, local: torch.Tensor,
+                      raise_by: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`guess_exponents`, :func:`negated_guess` of it), in one pass on the host."""
+    if _host(previous, local):
+        guess = _np_guess(previous.numpy(), local.numpy(), raise_by)
+        return torch.from_numpy(guess), torch.from_numpy(_np_negated(guess))
+    guess_t = _torch_guess_exponents(previous, local, raise_by)
+    return guess_t, _torch_negated_guess(guess_t)
+
+
+def _np_guess(prev32: np.ndarray, local: np.ndarray, raise_by: int) -> np.ndarray:
+    prev = prev32.astype(np.int64)
+    raised = np.where(prev == _EMPTY64, prev, prev + raise_by)
+    guess = np.maximum(raised, local).astype(np.int32)
+    return np.where(local == EMPTY_EXPONENT, local, guess)
+
+
+def _np_negated(guess: np.ndarray) -> np.ndarray:
+    return np.where(guess == EMPTY_EXPONENT, guess, -guess)
+
+
+def _torch_guess_exponents(previous: torch.Tensor, local: torch.Tensor, raise_by: int = 0) -> torch.Tensor:
+    prev = previous.to(torch.int64)
+    raised = torch.where(prev == EMPTY_EXPONENT, prev, prev + raise_by)
+    guess = torch.maximum(raised, local.to(torch.int64)).to(torch.int32)
+    return torch.where(local == EMPTY_EXPONENT, local, guess)
+
+
+def _torch_negated_guess(guess: torch.Tensor) -> torch.Tensor:
+    return torch.where(guess == EMPTY_EXPONENT, guess, -guess)
+
+
+# ---------------------------------------------------------------------------- which blocks stand
+def mismatched_blocks(agreed: torch.Tensor, max_negated_guess: torch.Tensor, slack: int = 0) -> torch.Tensor:
+    """Blocks holding a nonzero somewhere whose words cannot stand: the smallest contributor's guess
+    ``Gmin`` is not within ``[E, E + slack]`` of the agreed (largest local) exponent ``E``.
+
+    Every contributor guessed ``max(common, own)``, so ``Gmin >= E`` means every contributor guessed
+    the same exponent ``Gmin`` (all took the common value, or all own ``E``): the words summed in
+    the other blocks are exactly those of quantising every worker under ``Gmin``, within the error
+    bound while ``Gmin - E <= slack`` (:func:`homagg.codec._fixedpoint.guess_slack`).  ``slack =
+    0``: only guesses equal to the agreed exponent stand (results bit-identical to agreeing
+    exponents first).
+    """
+    if _host(agreed, max_negated_guess):
+        return torch.from_numpy(_np_mismatched(agreed.numpy(), max_negated_guess.numpy(), slack))
+    return _torch_mismatched_blocks(agreed, max_negated_guess, slack)
+
+
+def decode_exponents(agreed: torch.Tensor, max_negated_guess: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """The exponents a call guessed under ends with: the common guess ``Gmin`` in the blocks that
+    stand, the agreed ``agreed`` in the ``bad`` ones (redone) and where no value lies."""
+    if _host(agreed, max_negated_guess, mask=bad):
+        return torch.from_numpy(_np_decode(agreed.numpy(), max_negated_guess.numpy(), bad.numpy()))
+    return _torch_decode_exponents(agreed, max_negated_guess, bad)
+
+
+class Settled(NamedTuple):
+    """What :func:`settle_exponents` finds after a round quantised under guesses."""
+
+    #: bool mask of the blocks to redo (:func:`mismatched_blocks`), unread
+    bad: torch.Tensor
+    #: the exponents the call's sums decode with (:func:`decode_exponents` under ``bad``)
+    exponents: torch.Tensor
+    #: :func:`changed_fraction` of ``previous`` and the agreed exponents, where ``previous`` was
+    #: given and read on the host in the same pass; None where not computed (a device's tensors:
+    #: nothing is read here)
+    changed: float | None
+
+
+def settle_exponents(agreed: torch.Tensor, max_negated_guess: torch.Tensor, raise_by: int, slack: int,
+                     previous: torch.Tensor | None = None) -> Settled:
+    """:func:`mismatched_blocks` under ``slack``, :func:`decode_exponents` under it and (host
+    tensors, ``previous`` of the same shape given) :func:`changed_fraction` of ``previous`` under
+    ``(raise_by, slack)``: one pass over the blocks on the host."""
+    if _host(agreed, max_negated_guess):
+        a = agreed.numpy()
+        bad, exponents, e, held = _np_settle(a, max_negated_guess.numpy(), slack)
+        changed = None
+        if previous is not None and _host(previous) and previous.shape == agreed.shape:
+            both, moved = _np_outside(previous.numpy(), a, raise_by, slack, e, held)
+            changed = _fraction(int(np.count_nonzero(both)), int(np.count_nonzero(moved)))
+        return Settled(torch.from_numpy(bad), torch.from_numpy(exponents), changed)
+    bad_t = _torch_mismatched_blocks(agreed, max_negated_guess, slack)
+    return Settled(bad_t, _torch_decode_exponents(agreed, max_negated_guess, bad_t), None)
+
+
+def _np_settle(agreed: np.ndarray, max_negated_guess: np.ndarray,
+               slack: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(mismatched blocks, decoded exponents, agreed in int64, agreed held) in numpy: the torch
+    path's :func:`_torch_mismatched_blocks` and :func:`_torch_decode_exponents`, their common
+    terms computed once."""
+    e = agreed.astype(np.int64)
+    low = -max_negated_guess.astype(np.int64)
+    held = agreed != EMPTY_EXPONENT
+    bad = held & ((low < e) | (low > e + slack))
+    return bad, np.where(held & ~bad, low, e).astype(np.int32), e, held
+
+
+def _np_mismatched(agreed: np.ndarray, max_negated_guess: np.ndarray, slack: int) -> np.ndarray:
+    return _np_settle(agreed, max_negated_guess, slack)[0]
+
+
+def _np_decode(agreed: np.ndarray, max_negated_guess: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    low = -max_negated_guess.astype(np.int64)
+    keep = (agreed != EMPTY_EXPONENT) & ~bad
+    return np.where(keep, low, agreed.astype(np.int64)).astype(np.int32)
+
+
+def _torch_mismatched_blocks(agreed: torch.Tensor, max_negated_guess: torch.Tensor, slack: int = 0) -> torch.Tensor:
+    e = agreed.to(torch.int64)
+    low = -max_negated_guess.to(torch.int64)
+    return (agreed != EMPTY_EXPONENT) & ((low < e) | (low > e + slack))
+
+
+def _torch_decode_exponents(agreed: torch.Tensor, max_negated_guess: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    low = -max_negated_guess.to(torch.int64)
+    keep = (agreed != EMPTY_EXPONENT) & ~bad
+    return torch.where(keep, low, agreed.to(torch.int64)).to(torch.int32)
+
+
+# ---------------------------------------------------------------------------- what moved
+def outside_window(previous: torch.Tensor, agreed: torch.Tensor, raise_by: int, slack: int) -> torch.Tensor:
+    """Blocks held in both calls whose new agreed exponent ``E`` a guess from ``previous`` would miss
+    (``E > previous + raise_by``, or ``previous + raise_by > E + slack``): the blocks a steady call
+    redoes; with ``raise_by = slack = 0``, the blocks whose exponent moved at all."""
+    if _host(previous, agreed):
+        return torch.from_numpy(_np_outside(previous.numpy(), agreed.numpy(), raise_by, slack)[1])
+    return _torch_outside_window(previous, agreed, raise_by, slack)
+
+
+def changed_counts(previous: torch.Tensor, agreed: torch.Tensor, raise_by: int,
+                   slack: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(blocks holding a value in both calls, those among them :func:`outside_window`) as 0-d
+    int64 tensors on the exponents' device, unread: ``moved / held`` is the fraction of blocks a
+    guess from ``previous`` would have redone (recorded in the history; read with the call's other
+    figures).  :func:`changed_fraction` reads it."""
+    held = (agreed != EMPTY_EXPONENT) & (previous != EMPTY_EXPONENT)
+    return held.sum(), _torch_outside_window(previous, agreed, raise_by, slack).sum()
+
+
+def changed_fraction(previous: torch.Tensor, agreed: torch.Tensor, raise_by: int, slack: int) -> float:
+    """``moved / held`` of :func:`changed_counts` (0.0 where no block is held in both calls), read
+    on the host (one synchronisation for a device's tensors)."""
+    if _host(previous, agreed):
+        held, moved = _np_outside(previous.numpy(), agreed.numpy(), raise_by, slack)
+        return _fraction(int(np.count_nonzero(held)), int(np.count_nonzero(moved)))
+    held_n, moved_n = torch.stack(changed_counts(previous, agreed, raise_by, slack)).tolist()
+    return _fraction(held_n, moved_n)
+
+
+def _fraction(held: int, moved: int) -> float:
+    return moved / held if held else 0.0
+
+
+def _np_outside(previous: np.ndarray, agreed: np.ndarray, raise_by: int, slack: int, e: np.ndarray | None = None,
+                agreed_held: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(held in both calls, held and outside the window) as numpy bool arrays; ``e`` and
+    ``agreed_held``: ``agreed`` in int64 and ``agreed != EMPTY``, where already computed."""
+    if e is None:
+        e = agreed.astype(np.int64)
+    if agreed_held is None:
+        agreed_held = agreed != EMPTY_EXPONENT
+    g = previous.astype(np.int64) + raise_by
+    held = agreed_held & (previous != EMPTY_EXPONENT)
+    return held, held & ((e > g) | (g > e + slack))
+
+
+def _torch_outside_window(previous: torch.Tensor, agreed: torch.Tensor, raise_by: int, slack: int) -> torch.Tensor:
+    prev, e = previous.to(torch.int64), agreed.to(torch.int64)
+    held = (agreed != EMPTY_EXPONENT) & (previous != EMPTY_EXPONENT)
+    g = prev + raise_by
+    return held & ((e > g) | (g > e + slack))

@@ -54,7 +54,7 @@ class Decoding:
         if not self.device_path:  # the host reads ``bad`` (a CPU mask in numpy: one operation)
             if bad is None:
                 return {"redo": 0}
-            return {"redo": int(np.count_nonzero(bad.numpy()) > 0 if bad.device.type == "cpu" else bool(bad.any()))}
+            return {"redo": int(np.count_nonzero(bad.numpy()) > 0 if bad.is_cpu else bool(bad.any()))}
         redo = bad.any() if bad is not None else torch.zeros((), dtype=torch.bool, device=sums.device)
         union = torch.count_nonzero(sums.any(dim=1) if self.limbs > 1 else sums)
         if self.dtype != torch.float32 or self.limbs > 1:

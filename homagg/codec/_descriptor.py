@@ -102,7 +102,7 @@ def check(combined: torch.Tensor | np.ndarray) -> None:
     n = len(FIELDS)
     if isinstance(combined, np.ndarray):
         flat = combined.tolist()
-    elif combined.device.type == "cpu":  # read in place (a stream is 1-D: no reshape)
+    elif combined.is_cpu:  # read in place (a stream is 1-D: no reshape)
         flat = (combined if combined.dim() == 1 else combined.reshape(-1)).tolist()
     else:
         flat = combined.to("cpu").reshape(-1).tolist()

@@ -28,28 +28,19 @@ __all__ = ["host_exponents", "grid_factors32", "frexp_exponents32", "decode_fact
 def host_exponents(exps: torch.Tensor) -> np.ndarray | None:
     """``exps`` as a numpy array sharing its memory where reading it is free (a CPU tensor), else
     None (a device tensor: the caller keeps its torch code)."""
-    return exps.numpy() if exps.device.type == "cpu" else None
+    return exps.numpy() if exps.is_cpu else None
 
 
-def _shifts(e: np.ndarray, p: int, sign: int) -> np.ndarray:
-    """int64 ``sign * (P - E)`` per block, 0 where ``E`` is EMPTY (its block holds only zeros); as
-    the torch code computes them: ``P - E`` in ``E``'s own integer type (int32: wrapping as torch's
-    subtraction does, for exponents no call carries), ``E - P`` in int64."""
-    if sign > 0:
-        shift = (e.dtype.type(p) - e).astype(np.int64)
-    else:
-        shift = e.astype(np.int64) - p
-    shift[e == EMPTY_EXPONENT] = 0
-    return shift
+def _masked(values: np.ndarray, e: np.ndarray, empty_value: int) -> np.ndarray:
+    """``values`` with ``empty_value`` where ``E`` is EMPTY (its block holds only zeros), in place."""
+    values[e == EMPTY_EXPONENT] = empty_value
+    return values
 
 
 def _split(shift: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """(``shift`` clamped to [-bound, bound - 1] or [-bound, bound], what the clamp left or None
-    where nothing) -- the usual case, every shift in range, costs two reductions and no copy.
-    ``bound``: 126 (float32: [-126, 127]) or 1000 (float64: [-1000, 1000])."""
+    """(``shift`` clamped to [-bound, bound + 1] (float32: ``bound`` 126) or [-bound, bound]
+    (float64: 1000), what the clamp left, clamped the same, or None where it left nothing)."""
     lo, hi = -bound, bound + (1 if bound == 126 else 0)
-    if not shift.size or (int(shift.min()) >= lo and int(shift.max()) <= hi):
-        return shift, None
     first = np.minimum(np.maximum(shift, lo), hi)
     rest = shift - first
     return first, (np.minimum(np.maximum(rest, lo), hi) if rest.any() else None)
@@ -57,7 +48,7 @@ def _split(shift: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray | None
 
 def _pow2_32(shift: np.ndarray) -> np.ndarray:
     """``2**shift`` in float32 from its exponent bits (``shift`` in [-126, 127])."""
-    return ((shift + 127) << 23).astype(np.int32).view(np.float32)
+    return ((shift + 127) << 23).astype(np.int32, copy=False).view(np.float32)
 
 
 def _pow2_64(shift: np.ndarray) -> np.ndarray:
@@ -65,30 +56,46 @@ def _pow2_64(shift: np.ndarray) -> np.ndarray:
     return ((shift + 1023) << 52).view(np.float64)
 
 
+def _in_float32(biased: np.ndarray) -> bool:
+    """Whether every biased float32 exponent lies in the normal range [1, 254]."""
+    return not biased.size or bool(biased.min() >= 1 and biased.max() <= 254)
+
+
 def grid_factors32(e: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray | None]:
     """Per block, float32 ``f1`` and ``f2`` whose product is the grid scale ``2**(P - E)`` (1 for an
     EMPTY block), each in [2**-126, 2**127]; ``f2`` None where it is 1 in every block: what
-    ``_blocks._grid_factors(e, p, -126, 127, torch.float32)`` gives on the CPU."""
-    first, rest = _split(_shifts(e, p, +1), 126)
+    ``_blocks._grid_factors(e, p, -126, 127, torch.float32)`` gives on the CPU.
+
+    Computed in ``E``'s own integer type, as the torch code computes ``P - E`` (int32 wraps only
+    for exponents no call carries, and then modulo 2**32 exactly as torch's): the usual case,
+    every scale a normal float32, is five array operations."""
+    biased = _masked(e.dtype.type(p + 127) - e, e, 127)  # 2**(P - E)'s float32 exponent bits
+    if _in_float32(biased):
+        return (biased << 23).astype(np.int32, copy=False).view(np.float32), None
+    first, rest = _split(biased - e.dtype.type(127), 126)
     return _pow2_32(first), (None if rest is None else _pow2_32(rest))
 
 
 def decode_factors32(e: np.ndarray, p: int) -> np.ndarray | None:
     """Per block, float32 ``2**(E - P)`` (1 for an EMPTY block) where every block's ``E - P`` lies in
     [-126, 127] (:func:`homagg.codec._blocks.decodes_in_float32`; then the float32 decoding is
-    exact), else None (the caller decodes in float64)."""
-    biased = _shifts(e, p, -1)
-    biased += 127
-    if biased.size and (int(biased.min()) < 1 or int(biased.max()) > 254):
+    exact), else None (the caller decodes in float64).  In ``E``'s integer type: an int32
+    exponent that wraps is one far outside the range, which the torch code's int64 finds outside
+    it too."""
+    biased = _masked(e + e.dtype.type(127 - p), e, 127)
+    if not _in_float32(biased):
         return None
-    return (biased << 23).astype(np.int32).view(np.float32)
+    return (biased << 23).astype(np.int32, copy=False).view(np.float32)
 
 
 def decode_factors64(e: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray | None]:
     """Per block, float64 ``f1`` and ``f2`` whose product is ``2**(E - P)`` (1 for an EMPTY block),
     each ``2**s`` with ``s`` in [-1000, 1000]; ``f2`` None where it is 1 in every block: the wide
-    decoding's factors (``homagg_dequantize_wide``)."""
-    first, rest = _split(_shifts(e, p, -1), 1000)
+    decoding's factors (``homagg_dequantize_wide``), in int64 as the torch code computes them."""
+    shift = _masked(e.astype(np.int64) - p, e, 0)
+    if not shift.size or bool(shift.min() >= -1000 and shift.max() <= 1000):
+        return _pow2_64(shift), None
+    first, rest = _split(shift, 1000)
     return _pow2_64(first), (None if rest is None else _pow2_64(rest))
 
 

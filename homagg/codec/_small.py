@@ -133,15 +133,17 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
         call.limbs = float_words(cfg.precision, world)
         values = host.tolist() if n <= _SCALAR else (
             host.astype(np.float64) if view is not None else host.to(torch.float64).numpy())
-        out, record = _float_call(call, values, cfg, prior)
+        out, exponents, changed = _float_call(call, values, cfg, prior)
     else:
         call.limbs = 4 if dtype == torch.int64 else 2
         values = host.tolist() if n <= _SCALAR else (
             host.astype(np.int64) if view is not None else host.to(torch.int64).numpy())
         out = _int_call(call, values, dtype)
-        record = Agreed(None, call.union, 0.0, 0, prior.changed if prior is not None else 0.0)
-    if history is not None and not _same(record, prior):
-        history.put(slot, record)
+        exponents, changed = None, 0.0
+    if history is not None:
+        before = prior.changed if prior is not None else 0.0
+        if not _same(prior, exponents, call.union, changed, before):
+            history.put(slot, Agreed(exponents, call.union, changed, 0, before))
     if inplace and view is not None:
         view[:] = out  # numpy's float64 -> float32 cast rounds as torch's copy_ does (C's cast)
         return tensor
@@ -159,12 +161,13 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
     return result.to(dtype).reshape(tensor.shape).to(tensor.device)
 
 
-def _same(record: Agreed, prior: Agreed | None) -> bool:
-    """Whether ``record`` says what the stored ``prior`` says (a steady call that changed nothing:
-    the entry stays, and :meth:`History.get` already made it the most recent)."""
-    return (prior is not None and record.exponents is prior.exponents and record.union == prior.union
-            and record.changed == prior.changed and record.changed_before == prior.changed_before
-            and record.local_nnz == prior.local_nnz)
+def _same(prior: Agreed | None, exponents: torch.Tensor | None, union: int, changed: float,
+          changed_before: float) -> bool:
+    """Whether this call's record (``Agreed(exponents, union, changed, 0, changed_before)``) says
+    what the stored ``prior`` says (a steady call that changed nothing: the entry stays, and
+    :meth:`History.get` already made it the most recent; no record is made)."""
+    return (prior is not None and exponents is prior.exponents and union == prior.union
+            and changed == prior.changed and changed_before == prior.changed_before and prior.local_nnz == 0)
 
 
 class _Call:
@@ -191,10 +194,11 @@ class _Call:
         if self.first:
             self.first = False
             round_words = _descriptor.SPARE + (words.size if words is not None else 0)
-            head = _descriptor.words(self.n, self.dtype, self.scheme, self.world, round_words,
-                                     self.limbs if self.dtype in _FLOATS else 1)
-            tail = (EMPTY if exponent is None else exponent, EMPTY if negated_guess is None else negated_guess)
-            arrays.append(np.array(head + tail, dtype=np.int32))
+            head = _head(self.n, self.dtype, self.scheme, self.world, round_words,
+                         self.limbs if self.dtype in _FLOATS else 1).copy()
+            head[-2] = EMPTY if exponent is None else exponent
+            head[-1] = EMPTY if negated_guess is None else negated_guess
+            arrays.append(head)
             stats.bytes_per_stream[_descriptor.NAME] += 4 * _descriptor.LENGTH
             verify = _descriptor.check
         if words is not None:
@@ -213,6 +217,13 @@ class _Call:
         return spare, sums
 
 
+@lru_cache(maxsize=1024)
+def _head(n: int, dtype: torch.dtype, scheme: str, world: int, round_words: int, limbs: int) -> np.ndarray:
+    """The first round's MAX array of a call signature: the descriptor words, then the two spare
+    words (set per call on a copy; this array is never handed out)."""
+    return np.array(_descriptor.words(n, dtype, scheme, world, round_words, limbs) + (EMPTY, EMPTY), dtype=np.int32)
+
+
 #: up to this many elements a call computes on Python numbers, above it on numpy arrays (the same
 #: operations: ``ldexp``, round half to even, clamp; the tests run both against the general path)
 _SCALAR = 16
@@ -221,18 +232,20 @@ _NONE = np.zeros(0, dtype=np.int32)
 
 # ---------------------------------------------------------------------------------------- floats
 def _float_call(call: _Call, values: list[float] | np.ndarray, cfg: CodecConfig,
-                prior: Agreed | None) -> tuple[list[float] | np.ndarray, Agreed]:
+                prior: Agreed | None) -> tuple[list[float] | np.ndarray, torch.Tensor, float]:
     """Mirror of the general dense protocol for one block (``_schemes._first_call``/``_steady``,
-    :class:`~homagg.codec._worker.Worker`'s guess, settle and redo)."""
+    :class:`~homagg.codec._worker.Worker`'s guess, settle and redo); returns the values, the
+    agreed exponent (one of :data:`_EXPONENTS`) and the ``changed`` figure to record."""
     local = _local_exponent(values)
     limbs = call.limbs
     p, limit, slack = _grid(call.world, limbs, call.dtype == torch.float64, cfg.guess_window)
     raise_by = slack // 2
     previous: int | None = None
-    if prior is not None and prior.exponents is not None and prior.exponents.numel() == 1:
-        previous = _VALUES.get(id(prior.exponents))
-        if previous is None or _EXPONENTS.get(previous) is not prior.exponents:  # not one of ours
-            previous = int(prior.exponents[0])
+    held = prior.exponents if prior is not None else None
+    if held is not None:
+        previous = _VALUES.get(id(held))
+        if previous is None or _EXPONENTS.get(previous) is not held:  # not one of ours (ours hold one word)
+            previous = int(held[0]) if held.numel() == 1 else None
     if previous is not None and prior is not None and min(prior.changed, prior.changed_before) * call.n * limbs <= 1:
         # steady: quantise under the guess (``_schemes._guess_pays`` for one block)
         raised = previous if previous == EMPTY else previous + raise_by
@@ -254,8 +267,7 @@ def _float_call(call: _Call, values: list[float] | np.ndarray, cfg: CodecConfig,
     if previous is not None and agreed != EMPTY and previous != EMPTY:  # _schemes._changed, one block
         g = previous + raise_by
         changed = 1.0 if (agreed > g or g > agreed + slack) else 0.0
-    record = Agreed(_exponent_tensor(agreed), call.union, changed, 0, prior.changed if prior is not None else 0.0)
-    return _dequantize(sums, used, p, limbs, isinstance(values, list)), record
+    return _dequantize(sums, used, p, limbs, isinstance(values, list)), _exponent_tensor(agreed), changed
 
 
 @lru_cache(maxsize=256)

@@ -354,9 +354,11 @@ class NativeRound:
         for i in range(st.nsamples):
             est.sample(st.samples[i])
         st.nsamples = 0  # taken (homagg_fp_round's caller may have taken them already)
-        win.cwnd, win.ssthresh, win.recover, win.reductions, win.undos = st.cwnd, st.ssthresh, st.recover, \
-            st.reductions, st.undos
-        win._before_cut = (st.before_cwnd, st.before_ssthresh) if st.has_before else None
+        if st.win_changed:  # else the C state still holds what push() wrote (homagg_fp_round's calls
+            # before this one changed no window either: each that did was ``rare`` and returned here)
+            win.cwnd, win.ssthresh, win.recover, win.reductions, win.undos = st.cwnd, st.ssthresh, st.recover, \
+                st.reductions, st.undos
+            win._before_cut = (st.before_cwnd, st.before_ssthresh) if st.has_before else None
         loop.last_progress, loop.done, loop.low, loop.nsent = st.last_progress, st.done, st.low, st.nsent
         loop.verify_left = st.verify_left
         self._pull_counts()

@@ -39,15 +39,15 @@ __all__ = [
 ]
 
 EMPTY_EXPONENT = -(2**31)  # exponent of a block with no nonzero (identity of MAX)
-_EMPTY64 = np.int64(EMPTY_EXPONENT)
 
 
-def _host(*exponents: torch.Tensor, mask: torch.Tensor | None = None) -> bool:
-    """Whether the numpy path serves these tensors: int32 ``exponents`` (and a bool ``mask``)
-    whose values the host reads for free (:func:`homagg.codec._hostops.reads_free`: CPU tensors,
-    unless a test routes them along a device's path); any other tensor takes the torch operations."""
+def _host(a: torch.Tensor, b: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> bool:
+    """Whether the numpy path serves these tensors: int32 exponents ``a`` (and ``b``) and a bool
+    ``mask`` whose values the host reads for free (:func:`homagg.codec._hostops.reads_free`: CPU
+    tensors, unless a test routes them along a device's path); any other tensor takes the torch
+    operations."""
     free = _hostops.reads_free
-    return (all(t.dtype == torch.int32 and free(t) for t in exponents)
+    return (a.dtype == torch.int32 and free(a) and (b is None or (b.dtype == torch.int32 and free(b)))
             and (mask is None or (mask.dtype == torch.bool and free(mask))))
 
 
@@ -87,15 +87,24 @@ def guess_and_negated(previous: torch.Tensor, local: torch.Tensor,
     return guess_t, _torch_negated_guess(guess_t)
 
 
-def _np_guess(prev32: np.ndarray, local: np.ndarray, raise_by: int) -> np.ndarray:
-    prev = prev32.astype(np.int64)
-    raised = np.where(prev == _EMPTY64, prev, prev + raise_by)
-    guess = np.maximum(raised, local).astype(np.int32)
-    return np.where(local == EMPTY_EXPONENT, local, guess)
+def _np_guess(previous: np.ndarray, local: np.ndarray, raise_by: int) -> np.ndarray:
+    """The torch path's guess in four vectorised steps: ``max(previous + raise_by, local)`` in
+    int64, wrapped to int32, and ``local`` itself where either is EMPTY (where ``previous`` is
+    EMPTY the torch path's ``max(EMPTY, local)`` is ``local``)."""
+    raised = np.add(previous, raise_by, dtype=np.int64)
+    np.maximum(raised, local, out=raised)
+    return np.where((previous == EMPTY_EXPONENT) | (local == EMPTY_EXPONENT), local, raised.astype(np.int32))
 
 
 def _np_negated(guess: np.ndarray) -> np.ndarray:
-    return np.where(guess == EMPTY_EXPONENT, guess, -guess)
+    """``-guess`` modulo 2**32 (unsigned negation: defined for every value): EMPTY (-2**31) stays
+    EMPTY, as the torch path's ``where`` keeps it."""
+    return _wrapping_negative(guess)
+
+
+def _wrapping_negative(x: np.ndarray) -> np.ndarray:
+    """``-x`` of int32 ``x`` modulo 2**32 (what ``(-x.to(int64)).to(int32)`` gives)."""
+    return np.negative(x.view(np.uint32)).view(np.int32)
 
 
 def _torch_guess_exponents(previous: torch.Tensor, local: torch.Tensor, raise_by: int = 0) -> torch.Tensor:
@@ -122,7 +131,7 @@ def mismatched_blocks(agreed: torch.Tensor, max_negated_guess: torch.Tensor, sla
     exponents first).
     """
     if _host(agreed, max_negated_guess):
-        return torch.from_numpy(_np_mismatched(agreed.numpy(), max_negated_guess.numpy(), slack))
+        return torch.from_numpy(_np_settle(agreed.numpy(), max_negated_guess.numpy(), slack)[0])
     return _torch_mismatched_blocks(agreed, max_negated_guess, slack)
 
 
@@ -154,10 +163,10 @@ def settle_exponents(agreed: torch.Tensor, max_negated_guess: torch.Tensor, rais
     ``(raise_by, slack)``: one pass over the blocks on the host."""
     if _host(agreed, max_negated_guess):
         a = agreed.numpy()
-        bad, exponents, e, held = _np_settle(a, max_negated_guess.numpy(), slack)
+        bad, exponents, held = _np_settle(a, max_negated_guess.numpy(), slack)
         changed = None
         if previous is not None and _host(previous) and previous.shape == agreed.shape:
-            both, moved = _np_outside(previous.numpy(), a, raise_by, slack, e, held)
+            both, moved = _np_outside(previous.numpy(), a, raise_by, slack, held)
             changed = _fraction(int(np.count_nonzero(both)), int(np.count_nonzero(moved)))
         return Settled(torch.from_numpy(bad), torch.from_numpy(exponents), changed)
     bad_t = _torch_mismatched_blocks(agreed, max_negated_guess, slack)
@@ -165,25 +174,21 @@ def settle_exponents(agreed: torch.Tensor, max_negated_guess: torch.Tensor, rais
 
 
 def _np_settle(agreed: np.ndarray, max_negated_guess: np.ndarray,
-               slack: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(mismatched blocks, decoded exponents, agreed in int64, agreed held) in numpy: the torch
-    path's :func:`_torch_mismatched_blocks` and :func:`_torch_decode_exponents`, their common
-    terms computed once."""
-    e = agreed.astype(np.int64)
-    low = -max_negated_guess.astype(np.int64)
+               slack: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mismatched blocks, decoded exponents, agreed held) in numpy: the torch path's
+    :func:`_torch_mismatched_blocks` and :func:`_torch_decode_exponents` with their common terms
+    computed once.  With ``low = -max_negated_guess`` and ``s = max_negated_guess + agreed``
+    (int64, exact): ``low < E`` is ``s > 0`` and ``low > E + slack`` is ``s < -slack``; a kept
+    block decodes with ``low``, whose int32 wrap is the wrapping negation."""
     held = agreed != EMPTY_EXPONENT
-    bad = held & ((low < e) | (low > e + slack))
-    return bad, np.where(held & ~bad, low, e).astype(np.int32), e, held
-
-
-def _np_mismatched(agreed: np.ndarray, max_negated_guess: np.ndarray, slack: int) -> np.ndarray:
-    return _np_settle(agreed, max_negated_guess, slack)[0]
+    total = np.add(max_negated_guess, agreed, dtype=np.int64)
+    bad = held & ((total > 0) | (total < -slack))
+    return bad, np.where(held ^ bad, _wrapping_negative(max_negated_guess), agreed), held
 
 
 def _np_decode(agreed: np.ndarray, max_negated_guess: np.ndarray, bad: np.ndarray) -> np.ndarray:
-    low = -max_negated_guess.astype(np.int64)
     keep = (agreed != EMPTY_EXPONENT) & ~bad
-    return np.where(keep, low, agreed.astype(np.int64)).astype(np.int32)
+    return np.where(keep, _wrapping_negative(max_negated_guess), agreed)
 
 
 def _torch_mismatched_blocks(agreed: torch.Tensor, max_negated_guess: torch.Tensor, slack: int = 0) -> torch.Tensor:
@@ -232,17 +237,17 @@ def _fraction(held: int, moved: int) -> float:
     return moved / held if held else 0.0
 
 
-def _np_outside(previous: np.ndarray, agreed: np.ndarray, raise_by: int, slack: int, e: np.ndarray | None = None,
+def _np_outside(previous: np.ndarray, agreed: np.ndarray, raise_by: int, slack: int,
                 agreed_held: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(held in both calls, held and outside the window) as numpy bool arrays; ``e`` and
-    ``agreed_held``: ``agreed`` in int64 and ``agreed != EMPTY``, where already computed."""
-    if e is None:
-        e = agreed.astype(np.int64)
+    """(held in both calls, held and outside the window) as numpy bool arrays; ``agreed_held``:
+    ``agreed != EMPTY``, where already computed.  With ``t = agreed - previous`` (int64, exact):
+    ``E > previous + raise_by`` is ``t > raise_by`` and ``previous + raise_by > E + slack`` is
+    ``t < raise_by - slack``."""
     if agreed_held is None:
         agreed_held = agreed != EMPTY_EXPONENT
-    g = previous.astype(np.int64) + raise_by
     held = agreed_held & (previous != EMPTY_EXPONENT)
-    return held, held & ((e > g) | (g > e + slack))
+    t = np.subtract(agreed, previous, dtype=np.int64)
+    return held, held & ((t > raise_by) | (t < raise_by - slack))
 
 
 def _torch_outside_window(previous: torch.Tensor, agreed: torch.Tensor, raise_by: int, slack: int) -> torch.Tensor:

@@ -46,7 +46,7 @@ def reads_free(t: torch.Tensor) -> bool:
     """Whether reading ``t``'s values on the host costs no device synchronisation (a CPU tensor).
     Where it does (CUDA), the codec batches what it must read into one transfer per round and
     makes no read it can avoid: sizes it already knows, checks it can fold into arithmetic."""
-    return t.device.type == "cpu"
+    return t.is_cpu  # the same as ``t.device.type == "cpu"``, without building a device object
 
 
 def nonzero_positions(flat: torch.Tensor) -> torch.Tensor:

@@ -68,6 +68,7 @@ from ..wire import CombineOp
 __all__ = ["protocol", "run", "prepare", "choose", "Round"]
 
 Protocol = Generator[Round, list[torch.Tensor], torch.Tensor]
+_HOST = torch.device("cpu")  #: where the call descriptor's words live, whatever the input's device
 
 
 def choose(numel: int, union_estimate: float, limbs: int, cfg: CodecConfig) -> str:
@@ -192,7 +193,7 @@ def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats) -> Pr
     except StopIteration as stop:  # a protocol that needed no round
         return stop.value
     # the descriptor's words stay on the host whatever the input's device: checking them reads no device
-    head = _descriptor.describe(w.numel, w.dtype, scheme, w.world_size, first, torch.device("cpu"),
+    head = _descriptor.describe(w.numel, w.dtype, scheme, w.world_size, first, _HOST,
                                 w.limbs if w.is_float else 1)
     stats.bytes_per_stream[head.name] += 4 * head.length
     combined = yield [head, *first]

@@ -46,9 +46,8 @@ class Worker(Decoding):
         self.cfg = cfg
         self.world_size = world_size
         self.dtype = tensor.dtype
-        self.is_float = _fixedpoint.is_float_dtype(tensor.dtype)
         #: int32 words per value: a float's one or two (``cfg.precision``), an integer's limbs
-        self.limbs = _fixedpoint.limb_count(tensor.dtype, _fixedpoint.float_words(cfg.precision, world_size))
+        self.is_float, self.limbs = _words_of(tensor.dtype, cfg.precision, world_size)
         self.numel = tensor.numel()
         self.device = tensor.device
         self.like: torch.Tensor | None = None  # the sparse input whose layout the result takes
@@ -348,6 +347,15 @@ class Worker(Decoding):
         starts = torch.nonzero(bad).squeeze(1) * b
         pos = (starts.unsqueeze(1) + torch.arange(b, device=self.device)).reshape(-1)
         return pos[pos < self.numel]
+
+
+@cache
+def _words_of(dtype: torch.dtype, precision: str, world_size: int) -> tuple[bool, int]:
+    """(whether ``dtype`` is a float, int32 words per value): :func:`homagg.codec._fixedpoint.is_float_dtype`
+    and :func:`~homagg.codec._fixedpoint.limb_count` (raising :class:`~homagg.InputError` for a
+    dtype homagg does not aggregate), computed once per job's dtype."""
+    return (_fixedpoint.is_float_dtype(dtype),
+            _fixedpoint.limb_count(dtype, _fixedpoint.float_words(precision, world_size)))
 
 
 @cache

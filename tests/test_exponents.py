@@ -124,6 +124,23 @@ def test_the_host_path_runs_on_cpu_tensors_and_the_torch_path_on_a_device_s(monk
     assert len(calls) == 3
 
 
+@pytest.mark.gpu
+def test_cuda_tensors_take_the_torch_path_and_agree_with_the_host() -> None:
+    """On CUDA tensors (the torch path, nothing read on the host) every function gives what the
+    host path gives on the same exponents, on the tensors' device."""
+    for prev, local, other in CASES[:12] + CASES[-2:]:
+        p, x, y = (t.cuda() for t in (prev, local, other))
+        agreed = torch.maximum(x, y)
+        for got, want in ((ex.guess_and_negated(p, x, 2), ex.guess_and_negated(prev, local, 2)),
+                          (ex.settle_exponents(agreed, y, 2, 5, previous=p)[:2],
+                           ex.settle_exponents(agreed.cpu(), other, 2, 5, previous=prev)[:2])):
+            for g, w in zip(got, want, strict=True):
+                assert g.device.type == "cuda"
+                same(g.cpu(), w)
+        assert ex.settle_exponents(agreed, y, 2, 5, previous=p).changed is None
+        assert ex.changed_fraction(p, agreed, 2, 5) == ex.changed_fraction(prev, agreed.cpu(), 2, 5)
+
+
 def test_fixedpoint_keeps_the_old_names() -> None:
     for name in ("EMPTY_EXPONENT", "guess_exponents", "negated_guess", "mismatched_blocks", "decode_exponents",
                  "outside_window", "changed_counts"):

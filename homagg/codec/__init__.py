@@ -18,6 +18,8 @@ The modules, top down (each imports only those below it, and :mod:`homagg.transp
   half in ``_decoding``);
 * ``_bitmap``, ``_blocks``, ``_fixedpoint``, ``_hostops`` -- bitmaps, block fixed point (whole
   dense tensors and index lists), the O(n) scans and scatters;
+* ``_exponents`` -- the steady calls' per-block exponent bookkeeping (guesses, which blocks
+  stand, what moved; numpy on the host, torch elsewhere);
 * ``_native`` -- the optional C kernels (``_native_kernels.c``, ``_dense_kernels.c``, built as
   ``homagg.codec._native_kernels``), loaded with ctypes; ``_hashing``, ``_sparse``;
 * ``_config``, ``_history``, ``_stats`` -- options, agreed state, statistics.

@@ -14,23 +14,20 @@ of it ever comes back).
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 import switch_emulator
 from homagg import ProtocolError
-from homagg.codec import WorkerStats
 from homagg.testing import TreeNetwork, on_threads
-from homagg.torch._fallback import PathPort
 from homagg.torch._link import SwitchLink
 from homagg.transport import (CombineOp, ControlClient, GlooSwitchPort, InProcessSwitch, SwitchPort, UdpSwitchPort,
                               combine_words)
 from homagg.tree import plan_tree
 from tests.test_transport_rto import LOOPS
+from tests.test_transport_small_rounds import _gloo_groups, _path_ports
 
 MAX, ADD, OR = CombineOp.MAX, CombineOp.ADD, CombineOp.OR
 #: (ops, lengths) of the rounds every port runs, in this order
@@ -102,12 +99,6 @@ def test_in_process_tree_verifies_once() -> None:
     _check_refusal(ports)
 
 
-def _gloo_groups(world: int) -> list[dist.ProcessGroup]:
-    store = dist.HashStore()
-    return on_threads(lambda r: dist.ProcessGroupGloo(dist.PrefixStore("verify/", store), r, world,
-                                                      timedelta(seconds=30)), world)
-
-
 def test_gloo_host_path_verifies_once() -> None:
     gloos = _gloo_groups(2)
     ports = [GlooSwitchPort(g, r, 2, timeout_s=30.0) for r, g in enumerate(gloos)]
@@ -132,16 +123,6 @@ def test_udp_port_verifies_once(switch, native: bool) -> None:
         for p in ports:
             p.close()
         ControlClient(switch.control_addr).remove(job.job_id)
-
-
-def _path_ports(links: list[SwitchLink], gloos: list[dist.ProcessGroup]) -> list[PathPort]:
-    def no_return(epoch: int) -> SwitchLink:
-        raise AssertionError("the probe never answers: no return to the switch")
-
-    world = len(links)
-    return [PathPort(links[r], gloos[r], r, world, stats=WorkerStats(), policy="host", timeout_s=30.0,
-                     probe_interval_s=3600.0, open_link=no_return, probe=lambda: False, switch_timeout_s=5.0)
-            for r in range(world)]
 
 
 @pytest.mark.parametrize("path", ["switch", "host"])

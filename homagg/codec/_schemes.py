@@ -93,17 +93,15 @@ def _choice(numel: int, union_estimate: float, limbs: int, bandwidth_gbps: float
             bitmap_levels: int | None) -> str:
     """:func:`choose`, a pure function of the cost model's fields (remembered: a steady call asks
     the same question each time; hashing these costs less than a whole :class:`CodecConfig`)."""
-    cfg = CodecConfig(bandwidth_gbps=bandwidth_gbps, rtt_us=rtt_us, sketch_cells=sketch_cells,
-                      sketch_overhead=sketch_overhead, dense_ns=dense_ns, compact_ns=compact_ns, peel_ns=peel_ns,
-                      bitmap_levels=bitmap_levels)
-    bandwidth = cfg.bandwidth_gbps * 1e9 / 8
-    rtt = cfg.rtt_us * 1e-6
-    cells = cfg.sketch_cells or _sketch.sketch_cells(union_estimate, cfg.sketch_overhead)
+    bandwidth = bandwidth_gbps * 1e9 / 8
+    rtt = rtt_us * 1e-6
+    cells = sketch_cells or _sketch.sketch_cells(union_estimate, sketch_overhead)
     costs = {
-        "dense": 4 * numel * limbs / bandwidth + rtt + numel * cfg.dense_ns * 1e-9,
-        "compact": (4 * union_estimate * limbs / bandwidth + _bitmap_cost(numel, union_estimate, cfg)[0]
-                    + union_estimate * cfg.compact_ns * 1e-9),
-        "sketch": (numel / 8 + 4 * cells * limbs) / bandwidth + rtt + union_estimate * cfg.peel_ns * 1e-9,
+        "dense": 4 * numel * limbs / bandwidth + rtt + numel * dense_ns * 1e-9,
+        "compact": (4 * union_estimate * limbs / bandwidth
+                    + _bitmap_cost_of(numel, union_estimate, bandwidth_gbps, rtt_us, bitmap_levels)[0]
+                    + union_estimate * compact_ns * 1e-9),
+        "sketch": (numel / 8 + 4 * cells * limbs) / bandwidth + rtt + union_estimate * peel_ns * 1e-9,
     }
     return min(costs, key=lambda k: costs[k])
 
@@ -113,11 +111,17 @@ def _bitmap_cost(numel: int, union: float, cfg: CodecConfig) -> tuple[float, int
     (``n/32`` words, then values: 2 rounds) or two (:func:`homagg.codec._bitmap.two_level_words`, 3
     rounds); the cheaper, or ``cfg.bitmap_levels`` when set.  Agreed inputs: every worker picks
     the same."""
-    bandwidth = cfg.bandwidth_gbps * 1e9 / 8
-    rtt = cfg.rtt_us * 1e-6
+    return _bitmap_cost_of(numel, union, cfg.bandwidth_gbps, cfg.rtt_us, cfg.bitmap_levels)
+
+
+def _bitmap_cost_of(numel: int, union: float, bandwidth_gbps: float, rtt_us: float,
+                    bitmap_levels: int | None) -> tuple[float, int]:
+    """:func:`_bitmap_cost` of the cost model's fields."""
+    bandwidth = bandwidth_gbps * 1e9 / 8
+    rtt = rtt_us * 1e-6
     costs = {1: 4 * _bitmap.bitmap_words(numel) / bandwidth + 2 * rtt,
              2: 4 * _bitmap.two_level_words(numel, union) / bandwidth + 3 * rtt}
-    levels = cfg.bitmap_levels or min(costs, key=lambda k: costs[k])
+    levels = bitmap_levels or min(costs, key=lambda k: costs[k])
     return costs[levels], levels
 
 

@@ -342,9 +342,15 @@ class NativeRound:
         st.rto = est.rto
 
     def step(self, est: Any, until: float) -> int:
+        """``homagg_fp_run`` until ``until`` (at most the slice from now): called as
+        ``homagg_fp_round(call, 0)``, one ctypes argument instead of ten.  That entry first zeroes
+        the step's counts, which every :meth:`pull` left at zero already, and runs until
+        ``min(next_scan, now + slice)``, which is ``until`` (the caller's ``now`` came first)."""
         self.push(est)
-        self._st.last_progress = self.loop.last_progress  # type: ignore[union-attr]
-        return self.pull(est, _LIB.homagg_fp_run(*self._args, until))  # type: ignore[union-attr]
+        st = self._st
+        st.last_progress = self.loop.last_progress  # type: ignore[union-attr]
+        st.next_scan = until
+        return self.pull(est, self.call(0))
 
     def pull(self, est: Any, rc: int) -> int:
         """After a call that returned ``rc``: its RTT samples into ``est``, the C state into the

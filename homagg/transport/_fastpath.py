@@ -294,7 +294,8 @@ class NativeDatapath:
 class NativeRound:
     """``homagg_fp_run`` (``_fastround.c``) for one round: :meth:`step` runs it until the round is
     done, stream 0 is back (``VERIFY``) or ``until``, mirroring the state both ways each time;
-    :meth:`call` is the small-round path's entry (``homagg_fp_round``: see :mod:`._roundplan`)."""
+    :meth:`call` (``homagg_fp_round``, its arguments in one struct) is the entry of both: the
+    small-round path's (:mod:`._roundplan`) and each step's."""
 
     DONE, VERIFY, SCAN = 0, 1, 2
 

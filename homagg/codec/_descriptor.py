@@ -23,7 +23,7 @@ message, exactly when some field differs between two ranks; agreeing ranks pay 7
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -58,12 +58,15 @@ def _dtype_code(dtype: torch.dtype, float_words: int = 1) -> int:
 
 
 def describe(numel: int, dtype: torch.dtype, scheme: str, world_size: int, streams: Sequence[Stream],
-             device: torch.device, float_words: int = 1) -> Stream:
+             device: torch.device, float_words: int = 1,
+             verify: Callable[[torch.Tensor], None] | None = None) -> Stream:
     """The descriptor stream of a call whose first round carries ``streams`` (``float_words``:
-    words per float value, part of the dtype field: ranks that differ in ``precision`` disagree)."""
+    words per float value, part of the dtype field: ranks that differ in ``precision`` disagree),
+    verified by :func:`check`, or by ``verify`` when given (the codec's
+    :class:`~homagg.transport._base.CheckOnce` of :func:`check`)."""
     round_words = sum(s.length for s in streams)
     return Stream(NAME, CombineOp.MAX, _tensor(numel, dtype, scheme, world_size, round_words, float_words, device),
-                  verify=check)
+                  verify=check if verify is None else verify)
 
 
 @lru_cache(maxsize=256)

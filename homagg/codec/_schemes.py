@@ -62,6 +62,7 @@ from .._errors import ProtocolError
 from ._history import Agreed, History
 from ._stats import WorkerStats
 from ..transport import Stream
+from ..transport._base import CheckOnce
 from ._worker import Round, Worker, exchange
 from ..wire import CombineOp
 
@@ -191,19 +192,25 @@ def _guess_pays(w: Worker, prior: Agreed) -> bool:
 
 def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats) -> Protocol:
     """``body`` with the call descriptor (:mod:`homagg.codec._descriptor`) at the head of its first round:
-    ranks that disagree about the call raise :class:`~homagg.RankMismatchError` after that round."""
+    ranks that disagree about the call raise :class:`~homagg.RankMismatchError` after that round.
+
+    The descriptor is checked exactly once per call: by the port, as soon as its words are back
+    (the stream's :class:`~homagg.transport._base.CheckOnce` records it), else here on the round's
+    results (a port that verifies nothing early: the in-process switch)."""
     try:
         first = next(body)
     except StopIteration as stop:  # a protocol that needed no round
         return stop.value
     # the descriptor's words stay on the host whatever the input's device: checking them reads no device
+    once = CheckOnce(_descriptor.check)
     head = _descriptor.describe(w.numel, w.dtype, scheme, w.world_size, first, _HOST,
-                                w.limbs if w.is_float else 1)
+                                w.limbs if w.is_float else 1, once)
     stats.bytes_per_stream[head.name] += 4 * head.length
     combined = yield [head, *first]
     if not combined:
         raise ProtocolError("switch returned no streams for a call's first round")
-    _descriptor.check(combined[0])
+    if not once.called:
+        once(combined[0])
     value: list[torch.Tensor] = combined[1:]
     while True:
         try:

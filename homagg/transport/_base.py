@@ -32,8 +32,8 @@ import torch
 from .._errors import ProtocolError
 from ..wire import CombineOp
 
-__all__ = ["CombineOp", "Stream", "SwitchPort", "VerifyOnce", "WordSource", "array_lengths", "array_streams",
-           "combine_words", "wrap_int32"]
+__all__ = ["CheckOnce", "CombineOp", "Stream", "SwitchPort", "VerifyOnce", "WordSource", "array_lengths",
+           "array_streams", "combine_words", "wrap_int32"]
 
 _INT32 = np.dtype(np.int32)  # native-endian
 _OPS = frozenset(CombineOp)
@@ -73,10 +73,13 @@ class Stream:
     that :class:`WordSource` on demand: use :attr:`length`, :attr:`device` and :meth:`materialize`,
     which serve both.
 
-    ``verify``, if set, is called with the stream's combined words; it raises (a typed
+    ``verify``, if set, is called with the stream's combined words (a tensor); it raises (a typed
     :class:`~homagg.HomAggError`) when they show the workers out of step.  A port calls it as soon
     as the stream's words are back (before waiting for the rest of the round, where it can) and
-    then raises that error instead of waiting; the codec calls it again on the round's results.
+    then raises that error instead of waiting.  A :class:`CheckOnce` verifier also takes the words
+    as a host numpy array (a port holding them so passes that, no tensor) and records that it ran:
+    the codec's call descriptor uses one and checks the round's results only where no port did
+    (one check per call on every port, ``tests/test_descriptor_checked_once.py``).
     """
 
     name: str
@@ -178,6 +181,22 @@ class VerifyOnce:
         if not self.called and results:
             self(results[0])
         return results
+
+
+class CheckOnce(VerifyOnce):
+    """A :attr:`Stream.verify` that runs ``check`` at most once, with the combined words as a tensor
+    or as a 1-D int32 host numpy array (``check`` takes both, as
+    :func:`homagg.codec._descriptor.check` does; a port that holds the words in numpy, the UDP
+    port's early verify, passes them so).  The stream's owner calls :meth:`ensure` with the round's
+    results: it checks them only where no port did.  Invariant: however many times the ports of a
+    round (a fallback's recovery included) call it, ``check`` runs once per round that returns."""
+
+    __slots__ = ()
+
+    def __call__(self, words: np.ndarray | torch.Tensor) -> None:  # type: ignore[override]
+        if not self.called:
+            self.called = True
+            self.verify(words)  # type: ignore[arg-type]
 
 
 def wrap_int32(x: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
+from functools import cache
 from typing import Any
 
 import torch
@@ -51,12 +52,13 @@ def allreduce(
     2**23) streams through the switch in segments, encoding and decoding overlapped with the
     transfer (:mod:`homagg.codec._pipeline`).
     """
-    cfg = config if config is not None else CodecConfig.from_options(options)
+    cfg = config if config is not None else (CodecConfig.from_options(options) if options else _default_config())
     stats = stats if stats is not None else WorkerStats()
     stats.calls += 1
     if _small.takes(tensor, scheme, cfg, port.world_size):  # one block: scalar arithmetic, one datagram per op
         return _small.allreduce(tensor, port, scheme, cfg, stats, inplace, history, key)
-    seg = segment_length(tensor.numel(), cfg, _hostops.reads_free(tensor)) if tensor.layout == torch.strided else 0
+    layout = tensor.layout
+    seg = segment_length(tensor.numel(), cfg, _hostops.reads_free(tensor)) if layout == torch.strided else 0
     if seg:  # large dense-layout tensor: pipelined segments, written in place into ``out``
         out = tensor if inplace and tensor.is_contiguous() else tensor.detach().clone(memory_format=torch.contiguous_format)
         allreduce_segments(out.view(-1), port, scheme, cfg, stats, history, key, seg)
@@ -68,10 +70,16 @@ def allreduce(
             streams = gen.send(port.combine(streams))
     except StopIteration as done:
         flat: torch.Tensor = done.value
-    if tensor.layout == torch.sparse_coo:  # a coalesced COO result of the input's layout
+    if layout == torch.sparse_coo:  # a coalesced COO result of the input's layout
         return tensor.copy_(flat) if inplace else flat
     if inplace:
         if flat.data_ptr() != tensor.data_ptr():
             tensor.copy_(flat.reshape(tensor.shape))
         return tensor
     return flat.reshape(tensor.shape)
+
+
+@cache
+def _default_config() -> CodecConfig:
+    """``CodecConfig()`` (frozen: one instance serves every call that passes no options)."""
+    return CodecConfig()

@@ -152,23 +152,28 @@ def protocol(
     the same ``key`` (and numel, dtype, world size, block size) agreed, and records its own.
     """
     check_scheme(scheme)
-    return (yield from run(Worker(tensor, world_size, cfg, inplace), scheme, stats, history, key))
+    return run(Worker(tensor, world_size, cfg, inplace), scheme, stats, history, key)
 
 
 def run(w: Worker, scheme: str, stats: WorkerStats, history: History | None = None, key: Hashable = None) -> Protocol:
     """The protocol of an already prepared :class:`Worker` (its input is checked: nothing is
-    sent for an input that :class:`Worker` refused)."""
+    sent for an input that :class:`Worker` refused).  The call's set-up (history, local
+    exponents: :class:`~homagg.NonFiniteError`) runs here, before the generator is returned; the
+    generator is the body's with the descriptor at its head (:func:`_described`), no layer that
+    only forwards rounds."""
     slot = _slot(w, key)
     prior = history.get(slot) if history is not None else None
     w.prior = prior.exponents if prior is not None else None
     continuation = _prepare(w, scheme, prior)
     body = _first_call(w, scheme, stats) if prior is None else _steady(w, continuation, stats, prior)
-    flat = yield from _described(body, w, scheme, stats)
-    if history is not None:
-        agreed = w.agreed if w.agreed is not None else w.exponents
-        changed = w.changed if w.changed is not None else _changed(prior, agreed, *w.window())
-        history.put(slot, Agreed(agreed, w.union, changed, w.listed_nnz, prior.changed if prior is not None else 0.0))
-    return flat
+    return _described(body, w, scheme, stats, history, slot, prior)
+
+
+def _record(w: Worker, history: History, slot: tuple[Hashable, ...], prior: Agreed | None) -> None:
+    """What this call agreed, for the next call under ``slot``."""
+    agreed = w.agreed if w.agreed is not None else w.exponents
+    changed = w.changed if w.changed is not None else _changed(prior, agreed, *w.window())
+    history.put(slot, Agreed(agreed, w.union, changed, w.listed_nnz, prior.changed if prior is not None else 0.0))
 
 
 def _changed(prior: Agreed | None, agreed: torch.Tensor | None, raise_by: int, slack: int) -> float:
@@ -190,9 +195,11 @@ def _guess_pays(w: Worker, prior: Agreed) -> bool:
     return min(prior.changed, prior.changed_before) * w.numel * w.limbs <= w.blocks
 
 
-def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats) -> Protocol:
+def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats, history: History | None,
+               slot: tuple[Hashable, ...], prior: Agreed | None) -> Protocol:
     """``body`` with the call descriptor (:mod:`homagg.codec._descriptor`) at the head of its first round:
-    ranks that disagree about the call raise :class:`~homagg.RankMismatchError` after that round.
+    ranks that disagree about the call raise :class:`~homagg.RankMismatchError` after that round;
+    once ``body`` returned, the call is recorded in ``history`` under ``slot`` (:func:`_record`).
 
     The descriptor is checked exactly once per call: by the port, as soon as its words are back
     (the stream's :class:`~homagg.transport._base.CheckOnce` records it), else here on the round's
@@ -200,6 +207,8 @@ def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats) -> Pr
     try:
         first = next(body)
     except StopIteration as stop:  # a protocol that needed no round
+        if history is not None:
+            _record(w, history, slot, prior)
         return stop.value
     # the descriptor's words stay on the host whatever the input's device: checking them reads no device
     once = CheckOnce(_descriptor.check)
@@ -216,6 +225,8 @@ def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats) -> Pr
         try:
             streams = body.send(value)
         except StopIteration as stop:
+            if history is not None:
+                _record(w, history, slot, prior)
             return stop.value
         value = yield streams
 

@@ -374,12 +374,17 @@ def exchange(streams: Round, stats: WorkerStats) -> Generator[Round, list[torch.
 
     An all-empty round is not sent (and not counted); its "results" are the empty inputs.
     """
-    sent = [s for s in streams if s.length]
-    for s in sent:
-        stats.bytes_per_stream[s.name] += 4 * s.length
+    lengths = [s.length for s in streams]  # each asked once (a property)
+    every = all(lengths)  # the usual round: every stream sent, the results as they come
+    sent = list(streams) if every else [s for s, n in zip(streams, lengths) if n]
+    counts = stats.bytes_per_stream
+    for s, n in zip(sent, lengths if every else [n for n in lengths if n]):
+        counts[s.name] += 4 * n
     combined = (yield sent) if sent else []
     stats.rounds += 1 if sent else 0
     if len(combined) != len(sent):
         raise ProtocolError(f"switch returned {len(combined)} streams for a round of {len(sent)}")
+    if every:
+        return list(combined)
     it = iter(combined)
     return [next(it) if s.length else torch.zeros(0, dtype=torch.int32, device=s.device) for s in streams]

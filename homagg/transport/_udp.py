@@ -227,8 +227,10 @@ class UdpSwitchPort(SwitchPort):
                     at[0].append(_NO_WORDS_AT)
             else:
                 w = s.materialize()
-                cpu.append(w.is_cpu)
-                w = w.detach().cpu().contiguous()
+                on_cpu = w.is_cpu
+                cpu.append(on_cpu)
+                if not on_cpu or not w.is_contiguous():  # (int32 words never require grad: numpy() reads them)
+                    w = w.detach().cpu().contiguous()
                 srcs.append(w.numpy())
                 n = w.numel()
                 if at is not None:
@@ -239,7 +241,7 @@ class UdpSwitchPort(SwitchPort):
             results.append(t)
             if at is not None:
                 at[1].append(t.data_ptr())
-        plan = self._plans.get(key := (tuple(o.size for o in outs), tuple(int(s.op) for s in streams))) \
+        plan = self._plans.get(key := (tuple([o.size for o in outs]), tuple([int(s.op) for s in streams]))) \
             or self._plan(*key)
         self.stats["rounds"] += 1
         if plan.total:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -27,11 +27,11 @@ import switch_emulator
 from switch_emulator.embedded import RunningSwitch
 from homagg.codec import History, _descriptor
 from homagg.testing import on_threads
-from homagg.torch._link import SwitchLink
-from homagg.transport import ControlClient, GlooSwitchPort, InProcessSwitch, SwitchPort, UdpSwitchPort
+from homagg.transport import GlooSwitchPort, InProcessSwitch, SwitchPort
 from homagg.transport._base import CheckOnce
 from tests.test_transport_rto import LOOPS
-from tests.test_transport_small_rounds import _gloo_groups, _path_ports
+from tests.test_transport_small_rounds import _gloo_groups
+from tests.test_transport_verify_once import _raised, path_ports_over_udp, udp_ports
 
 #: (scheme, dtype, numel) of each rank's calls, in order, one history: first and steady calls of
 #: dense and auto (the steady ones guess: one round, the descriptor in it), compact, sketch
@@ -133,14 +133,6 @@ def _check_mismatch(ports: list[SwitchPort], checks: Checks) -> None:
     assert max(counts) == 1 and sum(counts) >= 1, counts
 
 
-def _raised(fn: Callable[[], object]) -> BaseException | None:
-    try:
-        fn()
-    except BaseException as exc:  # noqa: BLE001 - the test inspects it
-        return exc
-    return None
-
-
 def test_in_process_switch_checks_once(checks: Checks) -> None:
     switch = InProcessSwitch(2, timeout=30)
     _check_once_per_call([switch.port(r) for r in range(2)], checks)
@@ -151,38 +143,23 @@ def test_gloo_host_path_checks_once(checks: Checks) -> None:
     _check_once_per_call([GlooSwitchPort(g, r, 2, timeout_s=30.0) for r, g in enumerate(gloos)], checks)
 
 
-def _udp_ports(sw: RunningSwitch, world: int, native: bool | None) -> tuple[object, list[UdpSwitchPort]]:
-    job = ControlClient(sw.control_addr).admit(world, n_slots=8, words_per_packet=256)
-    return job, [UdpSwitchPort(sw.data_addr, job=job, rank=r, control=sw.control_addr, native=native, timeout=30.0)
-                 for r in range(world)]
+#: the job of the UDP and path-port tests: room for a 4,000-element call per datagram run
+_JOB = {"n_slots": 8, "words_per_packet": 256, "timeout": 30.0}
 
 
 @pytest.mark.parametrize("native", LOOPS)
 def test_udp_port_checks_once(switch: RunningSwitch, checks: Checks, native: bool) -> None:
-    job, ports = _udp_ports(switch, 2, native)
-    try:
+    with udp_ports(switch, 2, native, **_JOB) as ports:
         _check_once_per_call(list(ports), checks)
         assert checks.kinds == {np.ndarray}  # the port's early verify: its host words, no tensor made
-    finally:
-        for p in ports:
-            p.close()
-        ControlClient(switch.control_addr).remove(job.job_id)
 
 
 @pytest.mark.parametrize("path", ["switch", "host"])
 def test_path_port_checks_once(switch: RunningSwitch, checks: Checks, path: str) -> None:
     world = 2
-    gloos = _gloo_groups(world)
-    job, udp = _udp_ports(switch, world, native=None)  # the native datapath where it was built
-    ports = _path_ports([SwitchLink(p, "udp", _closers=[p.close]) for p in udp], gloos)
-    for p in ports:
-        p.path = path
-    try:
+    with path_ports_over_udp(switch, world, path, **_JOB) as ports:
         _check_once_per_call(list(ports), checks)
         assert [p.path for p in ports] == [path] * world
-    finally:
-        on_threads(lambda r: ports[r].close(), world)  # the agreement at close is a collective
-        ControlClient(switch.control_addr).remove(job.job_id)
 
 
 def test_check_once_runs_its_check_once_in_either_form() -> None:

@@ -13,7 +13,9 @@ of it ever comes back).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import pytest
@@ -106,37 +108,50 @@ def test_gloo_host_path_verifies_once() -> None:
     _check_refusal(ports)
 
 
-def _udp_ports(sw, world: int, native: bool | None) -> tuple[object, list[UdpSwitchPort]]:
-    job = ControlClient(sw.control_addr).admit(world, n_slots=4, words_per_packet=16)
-    return job, [UdpSwitchPort(sw.data_addr, job=job, rank=r, control=sw.control_addr, native=native, timeout=10.0)
-                 for r in range(world)]
+@contextmanager
+def udp_ports(sw, world: int, native: bool | None, n_slots: int = 4, words_per_packet: int = 16,
+              timeout: float = 10.0) -> Iterator[list[UdpSwitchPort]]:
+    """``world`` UDP ports of a fresh job on the emulator ``sw``; closed and the job removed after."""
+    ctl = ControlClient(sw.control_addr)
+    job = ctl.admit(world, n_slots=n_slots, words_per_packet=words_per_packet)
+    ports = [UdpSwitchPort(sw.data_addr, job=job, rank=r, control=sw.control_addr, native=native, timeout=timeout)
+             for r in range(world)]
+    try:
+        yield ports
+    finally:
+        for p in ports:
+            p.close()
+        ctl.remove(job.job_id)
+
+
+@contextmanager
+def path_ports_over_udp(sw, world: int, path: str, **job: Any) -> Iterator[list[Any]]:
+    """``world`` PathPorts (the process group's switch-or-host port) over :func:`udp_ports` (the
+    native datapath where it was built) and gloo groups, each set on ``path``; closed after (the
+    agreement at close is a collective) and the job removed."""
+    gloos = _gloo_groups(world)
+    with udp_ports(sw, world, None, **job) as udp:
+        ports = _path_ports([SwitchLink(p, "udp", _closers=[p.close]) for p in udp], gloos)
+        for p in ports:
+            p.path = path
+        try:
+            yield ports
+        finally:
+            on_threads(lambda r: ports[r].close(), world)
 
 
 @pytest.mark.parametrize("native", LOOPS)
 def test_udp_port_verifies_once(switch, native: bool) -> None:
-    job, ports = _udp_ports(switch, 2, native)
-    try:
+    with udp_ports(switch, 2, native) as ports:
         _check_rounds(ports)
         _check_refusal(ports)
         assert len({p._seq for p in ports}) == 1
-    finally:
-        for p in ports:
-            p.close()
-        ControlClient(switch.control_addr).remove(job.job_id)
 
 
 @pytest.mark.parametrize("path", ["switch", "host"])
 def test_path_port_verifies_once(switch, path: str) -> None:
     world = 2
-    gloos = _gloo_groups(world)
-    job, udp = _udp_ports(switch, world, native=None)  # the native datapath where it was built
-    ports = _path_ports([SwitchLink(p, "udp", _closers=[p.close]) for p in udp], gloos)
-    for p in ports:
-        p.path = path
-    try:
+    with path_ports_over_udp(switch, world, path) as ports:
         _check_rounds(ports)
         assert [p.path for p in ports] == [path] * world
         assert [p.rounds for p in ports] == [len(ROUNDS)] * world
-    finally:
-        on_threads(lambda r: ports[r].close(), world)  # the agreement at close is a collective
-        ControlClient(switch.control_addr).remove(job.job_id)

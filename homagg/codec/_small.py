@@ -98,11 +98,10 @@ def _never_compact(n: int, limbs: int, bandwidth_gbps: float, rtt_us: float, den
     """Compact's modelled cost (:func:`homagg.codec._schemes.choose`) at an empty union, its
     cheapest, is no lower than dense's (which does not depend on the union; ties go to dense).
     Keyed by the cost model's fields (hashing a whole :class:`CodecConfig` costs more than this)."""
-    from ._schemes import _bitmap_cost
+    from ._schemes import _bitmap_cost_of
 
-    cfg = CodecConfig(bandwidth_gbps=bandwidth_gbps, rtt_us=rtt_us, dense_ns=dense_ns, bitmap_levels=bitmap_levels)
     dense = 4 * n * limbs / (bandwidth_gbps * 1e9 / 8) + rtt_us * 1e-6 + n * dense_ns * 1e-9
-    return _bitmap_cost(n, 0.0, cfg)[0] >= dense
+    return _bitmap_cost_of(n, 0.0, bandwidth_gbps, rtt_us, bitmap_levels)[0] >= dense
 
 
 def _exponent_tensor(e: int) -> torch.Tensor:

@@ -29,12 +29,15 @@ of this job's) looks alive on both counts.  Where its status counts the job's ac
 (the emulator's ``packets``), the first sighting of a stall is a baseline (so is any sighting whose
 count moved), and the port then sends ``loss_probes`` (4) copies of its oldest pending datagram
 (:meth:`Liveness.take_probes`; marked as retransmissions, so the switch treats them as it treats
-any; at most every ``loss_probe_gap_s``, 2 s, in one stall: a long wait for a late peer costs a few
-datagrams a second, not more).  A sighting ``loss_window_s`` (0.5 s) or more after the baseline
-whose count has not moved, while this worker sent at least ``loss_probes`` datagrams since (other
-workers' datagrams would only move it), means none arrived: the reason says so, with the switch's
-counters that moved meanwhile (``rx``, ``drop_<reason>``).
-A lossy but working network loses all of them only with probability (loss rate)^(4 x workers).
+any).  Each later sighting whose count has not moved asks for another batch, up to
+``loss_batches`` (3) batches per baseline; a new baseline (the count moved: the switch sees this
+job) waits ``loss_probe_gap_s`` (2 s) before its first batch, so a long wait for a late peer costs
+a few datagrams a second, not more.  A sighting ``loss_window_s`` (0.5 s) or more after the
+baseline whose count has not moved, while this worker sent at least ``loss_probes x loss_batches``
+(12) datagrams since (other workers' datagrams would only move it), means none arrived: the reason
+says so, with the switch's counters that moved meanwhile (``rx``, ``drop_<reason>``).
+A lossy but working network loses all 12 only with probability (loss rate)^12 (4e-9 at 20% loss;
+a single batch of 4 was lost in 0.16% of checks at 20% and made a working switch look dead).
 Results lost on their way back are not seen this way (the switch accepted the datagrams): the
 progress timeout finds those.  "Cannot tell" (no job list, no count, an error) is never evidence.
 
@@ -94,17 +97,19 @@ class Liveness:
                  min_stall_s: float = 0.5, no_control_stall_s: float = 1.0,
                  job_known: Callable[[], JobSighting] | None = None, job_stall_s: float = 0.5,
                  job_interval_s: float = 0.5, loss_window_s: float = 0.5, loss_probes: int = 4,
-                 loss_probe_gap_s: float = 2.0) -> None:
+                 loss_probe_gap_s: float = 2.0, loss_batches: int = 3) -> None:
         self.control = control
         self.interval_s, self.connect_timeout_s = interval_s, connect_timeout_s
         self.min_stall_s, self.no_control_stall_s = min_stall_s, no_control_stall_s
         self.job_known, self.job_stall_s, self.job_interval_s = job_known, job_stall_s, job_interval_s
         self.loss_window_s, self.loss_probes, self.loss_probe_gap_s = loss_window_s, loss_probes, loss_probe_gap_s
+        self.loss_batches = loss_batches
         self._next = 0.0
         self._next_job = 0.0
         self._baseline: _Baseline | None = None
         self._probes_due = 0
         self._probed_at = -1e9  # when this stall's last probes were asked for
+        self._probed_base: _Baseline | None = None  # the baseline the last batch was asked for
         self.probes = 0
         self.job_probes = 0
 
@@ -149,18 +154,21 @@ class Liveness:
 
     def _nothing_accepted(self, now: float, stall_start: float, seen: JobSighting, sent: int) -> str | None:
         """Total loss: in this stall, the switch's count of the job's datagrams did not move for
-        ``loss_window_s`` while this worker sent ``loss_probes`` or more (see the module docstring)."""
+        ``loss_window_s`` while this worker sent ``loss_probes x loss_batches`` or more (see the
+        module docstring)."""
         base = self._baseline
         assert seen.packets is not None
+        needed = self.loss_probes * self.loss_batches
         new_stall = base is None or abs(base.stall_start - stall_start) > 1e-3
         if new_stall:
             self._probed_at = -1e9
         if new_stall or base is None or base.packets != seen.packets:
             base = self._baseline = _Baseline(now, stall_start, seen.packets, sent, dict(seen.counters))
-        elif now - base.at >= self.loss_window_s and sent - base.sent >= self.loss_probes:
+        elif now - base.at >= self.loss_window_s and sent - base.sent >= needed:
             return self._loss_reason(now, base, seen, sent)
-        if sent - base.sent < self.loss_probes and now - self._probed_at >= self.loss_probe_gap_s:
-            self._probes_due, self._probed_at = self.loss_probes, now
+        unmoved_since_batch = self._probed_base is base  # the last batch changed nothing: the next one now
+        if sent - base.sent < needed and (unmoved_since_batch or now - self._probed_at >= self.loss_probe_gap_s):
+            self._probes_due, self._probed_at, self._probed_base = self.loss_probes, now, base
         return None
 
     @staticmethod

@@ -40,14 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--json", default=None)
+    p.add_argument("--barrier", action="store_true", help="pg: a dist.barrier() before every call (untimed), as in bench allreduce")
     p.add_argument("--_rank", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if not 1 <= args.world <= 32 or args.calls < 1 or args.warmup < 0:
         p.error("--world 1..32, --calls >= 1, --warmup >= 0")
     numels = [int(n) for n in args.numel.split(",") if n.strip()]
     if args._rank:
-        return run_rank(numels, args.calls, args.warmup)
-    result = (run_local_mode if args.mode == "local" else run_pg_mode)(args.world, numels, args.calls, args.warmup)
+        return run_rank(numels, args.calls, args.warmup, args.barrier)
+    if args.mode == "local":
+        result = run_local_mode(args.world, numels, args.calls, args.warmup)
+    else:
+        result = run_pg_mode(args.world, numels, args.calls, args.warmup, args.barrier)
     text = json.dumps(result, indent=1)
     if args.json:
         with open(args.json, "w") as f:

@@ -28,8 +28,9 @@ def _settle(timers: Timers) -> None:
         time.sleep(0)
 
 
-def run_rank(numels: list[int], calls: int, warmup: int) -> int:
-    """One rank: plain calls first, then instrumented ones; one JSON line per size."""
+def run_rank(numels: list[int], calls: int, warmup: int, barrier: bool = False) -> int:
+    """One rank: plain calls first, then instrumented ones; one JSON line per size.  ``barrier``:
+    every call starts after a ``dist.barrier()`` (as in ``bench allreduce``), outside its timing."""
     from ._ranks import die_with_launcher
 
     die_with_launcher()
@@ -46,6 +47,8 @@ def run_rank(numels: list[int], calls: int, warmup: int) -> int:
             times = []
             for call in range(warmup + calls):
                 buf = x[n].clone()
+                if barrier:
+                    dist.barrier()
                 t0 = time.perf_counter_ns()
                 dist.all_reduce(buf)
                 if call >= warmup:
@@ -59,6 +62,8 @@ def run_rank(numels: list[int], calls: int, warmup: int) -> int:
             rows, totals = [], []
             for call in range(warmup + calls):
                 buf = x[n].clone()
+                if barrier:
+                    dist.barrier()
                 _settle(timers)
                 before = timers.snapshot()
                 timers.marks["issued"] = t0 = time.perf_counter_ns()
@@ -83,15 +88,16 @@ def _median_tables(tables: list[dict[str, dict[str, float]]]) -> dict[str, dict[
             for stage in tables[0]}
 
 
-def run_pg_mode(world: int, numels: list[int], calls: int, warmup: int) -> dict[str, Any]:
-    """``world`` ranks on loopback; per size the median over ranks of each stage."""
+def run_pg_mode(world: int, numels: list[int], calls: int, warmup: int, barrier: bool = False) -> dict[str, Any]:
+    """``world`` ranks on loopback; per size the median over ranks of each stage (``barrier``: a
+    ``dist.barrier()`` before every call, untimed)."""
     from ._ranks import launch_ranks
 
     cmd = [sys.executable, "-m", "homagg.bench._stages", "--_rank", "--numel", ",".join(map(str, numels)),
-           "--calls", str(calls), "--warmup", str(warmup)]
+           "--calls", str(calls), "--warmup", str(warmup)] + (["--barrier"] if barrier else [])
     outs = launch_ranks(cmd, world, label=f"stages (world {world})", stall_timeout=300)
     lines = [[json.loads(ln.partition(_MARK)[2]) for ln in out if _MARK in ln] for out in outs]
-    result: dict[str, Any] = {"mode": "pg", "world": world, "calls": calls, "load_avg": list(os.getloadavg()),
+    result: dict[str, Any] = {"mode": "pg", "world": world, "barrier": barrier, "calls": calls, "load_avg": list(os.getloadavg()),
                               "tables": {}, "plain_us": {}, "per_rank": lines, "missing": lines[0][0]["missing"]}
     for i, n in enumerate(numels):
         result["tables"][n] = _median_tables([rank[i]["table"] for rank in lines])

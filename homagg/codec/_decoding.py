@@ -98,9 +98,7 @@ class Decoding:
             assert self.exponents is not None
             factor = _fixedpoint.float32_factors(self.exponents, self.world_size, in_range=in_range)
             if factor is not None:
-                out = self.target
-                if out is None:
-                    out = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
+                out = self._zeroed()
                 if positions is not None:
                     _hostops.decode_into_(out, positions, sums[:, 0].contiguous(), factor, self.cfg.block_size)
                 else:
@@ -110,18 +108,14 @@ class Decoding:
 
     def result(self, positions: torch.Tensor, sums: torch.Tensor, in_range: bool | None = None) -> torch.Tensor:
         """Result holding the combined ``sums`` (U, L) at ``positions`` (which cover every local
-        nonzero), zero elsewhere.
-
-        In place, only ``positions`` are written (O(U), no fill): every other element is already
-        zero in the input.  For a sparse input, a coalesced COO tensor of its layout.
+        nonzero), +0.0 (integers: 0) elsewhere (:meth:`_zeroed`).  For a sparse input, a coalesced
+        COO tensor of its layout.
         """
         if self.like is not None:
             values = self.decode(positions, sums)
             keep = torch.nonzero(values).squeeze(1)
             return _sparse.to_coo(positions.index_select(0, keep), values.index_select(0, keep), self.like)
-        out = self.target
-        if out is None:
-            out = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
+        out = self._zeroed()
         if positions.numel():
             factor = None
             if self.dtype == torch.float32 and self.limbs == 1:
@@ -131,4 +125,17 @@ class Decoding:
                 _hostops.decode_into_(out, positions, sums[:, 0].contiguous(), factor, self.cfg.block_size)
             else:
                 _hostops.scatter_(out, positions, self.decode(positions, sums))
+        return out
+
+    def _zeroed(self) -> torch.Tensor:
+        """Where a result at the union's positions goes, every element +0.0 (integers: 0) before
+        the union's sums are written: a fresh tensor, or the in-place target.  The target's
+        elements outside the union are zeros already, but a float's may be -0.0: dense decodes
+        every element (a zero sum to +0.0), so one fill (a memset, as out of place) gives every
+        scheme dense's bits on every rank, whatever sign each rank's zeros had."""
+        out = self.target
+        if out is None:
+            return torch.zeros(self.numel, dtype=self.dtype, device=self.device)
+        if self.is_float:
+            out.zero_()
         return out

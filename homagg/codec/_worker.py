@@ -64,7 +64,7 @@ class Worker(Decoding):
                 _fixedpoint.check_finite(self._raw)
         else:
             self.flat = tensor.detach().reshape(-1)
-            # In place: the result overwrites the input, whose zeros outside the union already hold.
+            # In place: the result overwrites the input (a float's zeros too: -0.0 -> +0.0, Decoding._zeroed).
             if inplace and self.flat.data_ptr() == tensor.data_ptr() and tensor.is_contiguous():
                 self.target = self.flat
         #: a dense input whose values the host reads only at a synchronisation (CUDA): the codec

@@ -27,8 +27,7 @@ import switch_emulator
 from switch_emulator.embedded import RunningSwitch
 from homagg.codec import History, _descriptor
 from homagg.testing import on_threads
-from homagg.transport import GlooSwitchPort, InProcessSwitch, SwitchPort
-from homagg.transport._base import CheckOnce
+from homagg.transport import CheckOnce, GlooSwitchPort, InProcessSwitch, SwitchPort
 from tests.test_transport_rto import LOOPS
 from tests.test_transport_small_rounds import _gloo_groups
 from tests.test_transport_verify_once import _raised, path_ports_over_udp, udp_ports

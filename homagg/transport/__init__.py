@@ -30,7 +30,7 @@ from .._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from ..wire import CombineOp
-    from ._base import (Stream, SwitchPort, VerifyOnce, WordSource, array_lengths, array_streams, combine_words,
+    from ._base import (CheckOnce, Stream, SwitchPort, VerifyOnce, WordSource, array_lengths, array_streams, combine_words,
                         wrap_int32)
     from ._control import ControlClient, parse_addr
     from ._errmap import transport_error
@@ -44,6 +44,7 @@ _LAZY = {
     "Stream": "._base",
     "SwitchPort": "._base",
     "VerifyOnce": "._base",
+    "CheckOnce": "._base",
     "WordSource": "._base",
     "array_lengths": "._base",
     "array_streams": "._base",
@@ -63,6 +64,7 @@ __all__ = [
     "WordSource",
     "SwitchPort",
     "VerifyOnce",
+    "CheckOnce",
     "array_lengths",
     "array_streams",
     "combine_words",

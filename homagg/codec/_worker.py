@@ -63,7 +63,9 @@ class Worker(Decoding):
             if self.is_float:
                 _fixedpoint.check_finite(self._raw)
         else:
-            self.flat = tensor.detach().reshape(-1)
+            # a plain 1-D tensor outside autograd is its own flat view (detach/reshape: two tensor objects per call)
+            self.flat = (tensor if tensor.dim() == 1 and not tensor.requires_grad
+                         else tensor.detach().reshape(-1))
             # In place: the result overwrites the input (a float's zeros too: -0.0 -> +0.0, Decoding._zeroed).
             if inplace and self.flat.data_ptr() == tensor.data_ptr() and tensor.is_contiguous():
                 self.target = self.flat

@@ -39,7 +39,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "datagram I/O: C round loop (send, wait, receive); local: the in-process switch": (
         "homagg.transport._inprocess:_InProcessPort.combine",
         "homagg.transport._fastpath:NativeRound.step", "homagg.transport._roundloop:RoundLoop.run_native",
-        "homagg.transport._roundplan:RoundPlan.run_small",
+        "homagg.transport._roundplan:RoundPlan.run_small", "homagg.transport._roundplan:RoundPlan._run_native",
         "homagg.transport._roundloop:RoundLoop.run_python", "homagg.transport._roundloop:RoundLoop.verify_early"),
     "decode (read sums, result, descriptor check)": (
         "homagg.codec._decoding:Decoding.read_dense", "homagg.codec._decoding:Decoding.dense_result",

@@ -8,11 +8,15 @@ CPU.  A plan builds them once; a round then refills only what changes (:meth:`Ro
 first global chunk ``seq0``, the arrays' addresses, the per-slot state.  Rounds of at most
 :data:`SMALL_WORDS` words of :meth:`~homagg.transport.SwitchPort.combine_arrays` go through the
 plan's own input and output arrays (a copy in and a copy out of a few KB: cheaper than taking the
-addresses of the caller's arrays), so they bind no address at all, and with the native datapath
-run through :meth:`RoundPlan.run_small`: the round's start and its C loop in one
-``homagg_fp_round`` call each (``_fastround.c``), Python taking only the RTT samples, two counts
-and stream 0's verification, until anything else happens (then the general loop takes the round
-over from the state C left: the same decisions).
+addresses of the caller's arrays), so they bind no address at all (:meth:`RoundPlan.run_small`).
+With the native datapath every round, ``combine``'s included, then runs the same way
+(:meth:`RoundPlan._run_native`): the round's start and its C loop in one ``homagg_fp_round`` call
+each (``_fastround.c``), Python taking only the RTT samples, two counts and stream 0's
+verification, until anything else happens (then the general loop takes the round over from the
+state C left: the same decisions).  A plan's C loop state is refilled from the port before every
+round (its window and RTO: :meth:`._fastpath.NativeRound.push`), and a plan binds the caller's
+arrays' addresses before every round that is not over its own arrays
+(``tests/test_transport_round_shapes.py``: shapes alternating, the window cut in between).
 
 Invariants: a round run through a plan puts the same datagrams on the wire and makes the same
 decisions as one set up afresh (the protocol's state lives in the port: ``_seq``, the window, the
@@ -70,36 +74,48 @@ class RoundPlan:
             at: tuple[list[int], list[int]] | None = None) -> None:
         """One round of ``port`` (from its ``_seq``) over these arrays; see the module docstring.
         ``at``: the addresses of ``srcs`` and ``outs``' words, where the caller has them (the
-        native datapath binds them instead of asking numpy)."""
+        native datapath binds them instead of asking numpy).  With the native datapath the round
+        goes through :meth:`_run_native` (its start and its C loop in ``homagg_fp_round``) as
+        :meth:`run_small`'s does; with the Python one, through :meth:`RoundLoop.run_python`."""
         rnd = self.rnd
         own = srcs is self.own_in and outs is self.own_out and fills is None
-        rnd.start(port._seq, srcs, outs, fills)
-        if port.native:
-            self.dp.start(bind=not (own and self._own_bound), at=at)
-            self._own_bound = own
-        loop = RoundLoop(port, rnd, self.dp, names, verify)
         try:
             if port.native:
-                loop.run_native()
+                # what Round.start does in Python, less the slots and ``completed`` (C resets them)
+                rnd.srcs, rnd.outs, rnd.fills = srcs, outs, rnd._no_fills if fills is None else fills
+                rnd.ignored = rnd.probes = rnd.refused = 0
+                self.dp.start(bind=not (own and self._own_bound), at=at)
+                self._own_bound = own
+                self._run_native(port, outs[0], names, verify)
             else:
-                loop.run_python()
+                rnd.start(port._seq, srcs, outs, fills)
+                loop = RoundLoop(port, rnd, self.dp, names, verify)
+                try:
+                    loop.run_python()
+                finally:
+                    loop.verify = None
         finally:
             rnd.srcs, rnd.outs, rnd.fills = self._idle_in, self._idle_out, rnd._no_fills
-            loop.verify = None  # the native round keeps the loop until the next round
 
     def run_small(self, port: Any, verify: Callable[[np.ndarray], None] | None) -> None:
         """One round of ``port`` over the plan's own arrays (a small plan, the native datapath):
-        :meth:`run`'s round, with the set-up and the first calls of the C loop in C
-        (``homagg_fp_round``) and no Python per call beyond the RTT samples and two counts.  As
-        soon as anything else happens (a retransmission, a late or foreign datagram, a window
-        change, a timer scan, an error) the round goes on in :meth:`RoundLoop.run_native`, from the
-        state the C loop left (the same decisions as :meth:`run` from there on)."""
+        :meth:`_run_native` with no address to bind (the own arrays stay bound)."""
         assert self.own_in is not None and self.own_out is not None
+        if not self._own_bound:
+            self.dp.start(bind=True)  # rnd.srcs/outs are the own arrays between rounds
+            self._own_bound = True
+        self._run_native(port, self.own_out[0], self.names, verify)
+
+    def _run_native(self, port: Any, out0: np.ndarray, names: Sequence[str],
+                    verify: Callable[[np.ndarray], None] | None) -> None:
+        """One round of ``port`` whose arrays are bound (stream 0's output: ``out0``), the native
+        datapath: the round's set-up and the first calls of the C loop in C (``homagg_fp_round``)
+        and no Python per call beyond the RTT samples and two counts.  As soon as anything else
+        happens (a retransmission, a late or foreign datagram, a window change, a timer scan, an
+        error) the round goes on in :meth:`RoundLoop.run_native`, from the state the C loop left
+        (the same decisions as the general loop from there on)."""
         dp, rnd, est, stats = self.dp, self.rnd, port.rtt, port.stats
         run = dp.native_round(port, port.msock.fileno() if port.msock is not None else -1)
-        if not self._own_bound:
-            dp.start(bind=True)  # rnd.srcs/outs are the own arrays between rounds
-            self._own_bound = True
         seq0 = rnd.seq0 = dp._job.seq0 = port._seq
         st = run.st
         run.push(est)
@@ -114,7 +130,7 @@ class RoundPlan:
             st.packets = st.results = 0
             if rc == run.VERIFY:
                 try:
-                    verify(self.own_out[0].copy())  # type: ignore[misc]
+                    verify(out0.copy())  # type: ignore[misc]
                 except BaseException:
                     port._seq = seq0 + self.total
                     port._sync_rtt_stats()
@@ -134,7 +150,7 @@ class RoundPlan:
                 break  # an error: the general loop raises it
             st.rto = est.rto
             rc = run.call(0)
-        loop = RoundLoop(port, rnd, dp, self.names, verify)  # the general loop takes the round over
+        loop = RoundLoop(port, rnd, dp, names, verify)  # the general loop takes the round over
         loop.next_scan = st.next_scan
         run.loop = loop
         try:

@@ -210,6 +210,7 @@ class UdpSwitchPort(SwitchPort):
         outs: list[np.ndarray] = []
         results: list[torch.Tensor] = []  # the outputs as tensors (CPU; moved to their devices at the end)
         cpu: list[bool] = []
+        lengths: list[int] = []
         fills: list[tuple[int, int] | None] | None = None  # None: no stream has a native fill
         # the native datapath takes the arrays' addresses from the tensors (data_ptr: no numpy ctypes object)
         at: tuple[list[int], list[int]] | None = ([], []) if native else None
@@ -231,18 +232,20 @@ class UdpSwitchPort(SwitchPort):
                 cpu.append(on_cpu)
                 if not on_cpu or not w.is_contiguous():  # (int32 words never require grad: numpy() reads them)
                     w = w.detach().cpu().contiguous()
-                srcs.append(w.numpy())
                 n = w.numel()
-                if at is not None:
+                if at is not None:  # the native datapath binds the address; the round holds the tensor
+                    srcs.append(w)  # type: ignore[arg-type]
                     at[0].append(w.data_ptr())
+                else:
+                    srcs.append(w.numpy())
+            lengths.append(n)
             out = spare_int32(spare, n)
             outs.append(out)
             t = torch.from_numpy(out)
             results.append(t)
             if at is not None:
                 at[1].append(t.data_ptr())
-        plan = self._plans.get(key := (tuple([o.size for o in outs]), tuple([int(s.op) for s in streams]))) \
-            or self._plan(*key)
+        plan = self._plans.get(key := (tuple(lengths), tuple([int(s.op) for s in streams]))) or self._plan(*key)
         self.stats["rounds"] += 1
         if plan.total:
             check = streams[0].verify  # a CheckOnce takes the host words as they are (no tensor)

@@ -25,7 +25,7 @@ def _bits(a: np.ndarray | torch.Tensor | None) -> list[int] | None:
     """Exact bit patterns (float32 as int32, float64 as int64)."""
     if a is None:
         return None
-    t = torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+    t = torch.from_numpy(a if a.flags.writeable else a.copy()) if isinstance(a, np.ndarray) else a
     return t.view(torch.int32 if t.dtype == torch.float32 else torch.int64).tolist()
 
 
@@ -159,3 +159,19 @@ def test_local_exponents_of_extreme_float32_blocks_equal_the_torch_path() -> Non
     assert got.dtype == want.dtype == torch.int32
     assert got.tolist() == want.tolist()
     assert got.tolist()[3] == EMPTY and got.tolist()[4] == EMPTY  # zeros, -0.0 alone
+
+
+def test_kept_grid_factors_equal_fresh_ones_whatever_the_order() -> None:
+    """The kept factors (a steady call's guess repeats) are the fresh ones, bit for bit, when
+    exponent sets and precisions alternate, repeat, and outnumber what is kept; they are read-only."""
+    sets = _exponent_sets()[-8:] + [np.array([3, EMPTY, -2], dtype=np.int32), np.array([3, EMPTY, -2], dtype=np.int64)]
+    order = [(i, p) for _ in range(3) for i in range(len(sets)) for p in PRECISIONS[:3]]
+    for i, p in order + order[::-1]:
+        e = sets[i].copy()  # a new array of the same values: kept by value, not by identity
+        got1, got2 = _host_factors.grid_factors32_kept(e, p)
+        want1, want2 = _host_factors.grid_factors32(e, p)
+        assert _bits(got1) == _bits(want1) and _bits(got2) == _bits(want2), (i, p)
+        assert _host_factors.grid_factors32_kept(e.copy(), p)[0] is got1  # kept: the same arrays again
+        with pytest.raises(ValueError):
+            got1[:1] = 0  # a writer cannot change a later call's factors
+    assert len(_host_factors._KEPT) <= _host_factors._KEEP

@@ -82,7 +82,7 @@ def float32_grid(exps: torch.Tensor, world_size: int,
     if e is None:
         f1, f2 = _grid_factors(exps, p, -126, 127, torch.float32)
         return f1.cpu().numpy(), (None if f2 is None else f2.cpu().numpy()), _float32_limit(p)
-    h1, h2 = _host_factors.grid_factors32(e, p)
+    h1, h2 = _host_factors.grid_factors32_kept(e, p)  # read-only: the quantisers only read them
     return h1, h2, _float32_limit(p)
 
 

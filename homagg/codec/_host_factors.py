@@ -22,7 +22,7 @@ import torch
 
 from ._fixedpoint import EMPTY_EXPONENT
 
-__all__ = ["host_exponents", "grid_factors32", "frexp_exponents32", "decode_factors32", "decode_factors64"]
+__all__ = ["host_exponents", "grid_factors32", "grid_factors32_kept", "frexp_exponents32", "decode_factors32", "decode_factors64"]
 
 
 def host_exponents(exps: torch.Tensor) -> np.ndarray | None:
@@ -74,6 +74,29 @@ def grid_factors32(e: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray | None
         return (biased << 23).astype(np.int32, copy=False).view(np.float32), None
     first, rest = _split(biased - e.dtype.type(127), 126)
     return _pow2_32(first), (None if rest is None else _pow2_32(rest))
+
+
+#: the last few exponent sets' grid factors (:func:`grid_factors32_kept`): a steady call quantises
+#: under the same guess call after call
+_KEPT: dict[tuple[bytes, str, int], tuple[np.ndarray, np.ndarray | None]] = {}
+_KEEP = 8
+
+
+def grid_factors32_kept(e: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`grid_factors32`, kept for the last :data:`_KEEP` distinct ``(e, p)`` (keyed by the
+    exponents' bytes and dtype: equal exponents give equal factors).  The arrays are read-only (a
+    writer raises instead of changing a later call's factors)."""
+    key = (e.tobytes(), e.dtype.str, p)
+    kept = _KEPT.get(key)
+    if kept is None:
+        f1, f2 = grid_factors32(e, p)
+        for f in (f1, f2):
+            if f is not None:
+                f.flags.writeable = False
+        if len(_KEPT) >= _KEEP:
+            del _KEPT[next(iter(_KEPT))]
+        kept = _KEPT[key] = (f1, f2)
+    return kept
 
 
 def decode_factors32(e: np.ndarray, p: int) -> np.ndarray | None:

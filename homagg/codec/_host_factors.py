@@ -94,7 +94,10 @@ def grid_factors32_kept(e: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray |
             if f is not None:
                 f.flags.writeable = False
         if len(_KEPT) >= _KEEP:
-            del _KEPT[next(iter(_KEPT))]
+            try:
+                del _KEPT[next(iter(_KEPT))]
+            except (KeyError, RuntimeError, StopIteration):  # workers on threads: another evicted meanwhile
+                pass
         kept = _KEPT[key] = (f1, f2)
     return kept
 

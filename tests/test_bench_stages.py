@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from homagg.bench._stages import GAPS, STAGES, TOTAL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,9 +42,11 @@ def test_local_profile_finds_every_function(tmp_path: Path) -> None:
     assert table["small path: codec (values, exponent, guess, quantise, decode, history)"]["cpu_us"] > 0
 
 
-def test_process_group_profile_finds_every_function(tmp_path: Path) -> None:
-    result = _stages(tmp_path, "--mode", "pg", "--world", "2")
+@pytest.mark.parametrize("barrier", [False, True])
+def test_process_group_profile_finds_every_function(tmp_path: Path, barrier: bool) -> None:
+    result = _stages(tmp_path, "--mode", "pg", "--world", "2", *(["--barrier"] if barrier else []))
     _well_formed(result)
+    assert result["barrier"] is barrier  # --barrier: a dist.barrier() before every call, recorded
     table = result["tables"]["1"]
     for stage in ("caller: PG.allreduce, Work, submit", "datagram I/O: C round loop (send, wait, receive); "
                   "local: the in-process switch", "completion: Work._complete (futures, events); inline: CompletedWork",

@@ -22,7 +22,8 @@ import torch
 
 from ._fixedpoint import EMPTY_EXPONENT
 
-__all__ = ["host_exponents", "grid_factors32", "grid_factors32_kept", "frexp_exponents32", "decode_factors32", "decode_factors64"]
+__all__ = ["host_exponents", "grid_factors32", "grid_factors32_kept", "frexp_exponents32", "decode_factors32",
+           "decode_factors32_kept", "decode_factors64"]
 
 
 def host_exponents(exps: torch.Tensor) -> np.ndarray | None:
@@ -79,7 +80,21 @@ def grid_factors32(e: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray | None
 #: the last few exponent sets' grid factors (:func:`grid_factors32_kept`): a steady call quantises
 #: under the same guess call after call
 _KEPT: dict[tuple[bytes, str, int], tuple[np.ndarray, np.ndarray | None]] = {}
-_KEEP = 8
+#: the last few exponent sets' decode factors and their addresses (:func:`decode_factors32_kept`):
+#: a steady call decodes under the same agreed exponents call after call
+_KEPT_DECODE: dict[tuple[bytes, str, int], tuple[np.ndarray, int] | None] = {}
+_KEEP = 8  #: entries each of the two holds
+_MISSING = object()
+
+
+def _keep(store: dict, key: tuple[bytes, str, int], value: object) -> None:
+    """``store[key] = value``, the oldest entry evicted first where ``store`` holds :data:`_KEEP`."""
+    if len(store) >= _KEEP:
+        try:
+            del store[next(iter(store))]
+        except (KeyError, RuntimeError, StopIteration):  # workers on threads: another evicted meanwhile
+            pass
+    store[key] = value
 
 
 def grid_factors32_kept(e: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -93,13 +108,25 @@ def grid_factors32_kept(e: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray |
         for f in (f1, f2):
             if f is not None:
                 f.flags.writeable = False
-        if len(_KEPT) >= _KEEP:
-            try:
-                del _KEPT[next(iter(_KEPT))]
-            except (KeyError, RuntimeError, StopIteration):  # workers on threads: another evicted meanwhile
-                pass
-        kept = _KEPT[key] = (f1, f2)
+        kept = (f1, f2)
+        _keep(_KEPT, key, kept)
     return kept
+
+
+def decode_factors32_kept(e: np.ndarray, p: int) -> tuple[np.ndarray, int] | None:
+    """(:func:`decode_factors32`'s array, its data's address), kept as :func:`grid_factors32_kept`
+    keeps its factors (read-only; the kept array keeps the address valid, so a native kernel is
+    handed it without reading ``ctypes.data`` per call); None where :func:`decode_factors32` gives
+    None (kept too)."""
+    key = (e.tobytes(), e.dtype.str, p)
+    kept = _KEPT_DECODE.get(key, _MISSING)
+    if kept is _MISSING:
+        factor = decode_factors32(e, p)
+        if factor is not None:
+            factor.flags.writeable = False
+        kept = None if factor is None else (factor, factor.ctypes.data)
+        _keep(_KEPT_DECODE, key, kept)
+    return kept  # type: ignore[return-value]
 
 
 def decode_factors32(e: np.ndarray, p: int) -> np.ndarray | None:

@@ -6,6 +6,10 @@ to copy 100 MB between touched pages.  The codec's dense words (:mod:`homagg.cod
 transport's round results (:mod:`homagg.transport._udp`) are written in full every call, so an
 array of an earlier call that nobody references any more serves as well as a new one.
 
+:class:`KeptResults` keeps, per stream of one round shape, the last few result arrays with their
+addresses: a steady call of the same shape takes its arrays back without a scan, a size match or
+a numpy address lookup (the transport's round plans, :mod:`homagg.transport._roundplan`).
+
 Invariant: an array is handed out again only when no tensor, view or array made from it is
 alive (its reference count says so), so reuse never changes a value anyone can still see.
 """
@@ -14,10 +18,11 @@ from __future__ import annotations
 
 import sys
 import threading
+from sys import getrefcount
 
 import numpy as np
 
-__all__ = ["spare_int32", "WordPool"]
+__all__ = ["spare_int32", "WordPool", "KeptResults"]
 
 
 def spare_int32(spare: list[np.ndarray], n: int) -> np.ndarray:
@@ -68,3 +73,43 @@ class WordPool:
     def clear(self) -> None:
         with self._lock:
             self._arrays.clear()
+
+
+class KeptResults:
+    """Result arrays of a round shape's streams (``lengths`` words each), at most ``depth`` per
+    stream, each handed out again once unreferenced (not thread-safe: one port's rounds).
+
+    :meth:`take` returns one array per stream and its address: a kept one that nobody references
+    any more (no tensor, view or array made from it alive), else a new one, kept while the stream
+    keeps fewer than ``depth``.  ``depth`` 2: a caller holding the last call's results while it
+    makes the next call (``out = port.combine(...)`` in a loop) still finds the one before free."""
+
+    __slots__ = ("lengths", "depth", "_arrays", "_at")
+
+    def __init__(self, lengths: tuple[int, ...], depth: int = 2) -> None:
+        self.lengths, self.depth = lengths, depth
+        self._arrays: list[list[np.ndarray]] = [[] for _ in lengths]  # per stream: its kept arrays
+        self._at: list[list[int]] = [[] for _ in lengths]  # ... and their addresses
+
+    def take(self) -> tuple[list[np.ndarray], list[int]]:
+        """One int32 array per stream (uninitialised: the caller writes every word) and their
+        addresses; see the class docstring."""
+        outs: list[np.ndarray] = []
+        at: list[int] = []
+        for arrays, addresses, n in zip(self._arrays, self._at, self.lengths):
+            for k in range(len(arrays)):
+                # references: the list and getrefcount's argument; a live tensor, view or array
+                # made from it adds one (torch.from_numpy's storage holds the array)
+                if getrefcount(arrays[k]) <= 2:
+                    outs.append(arrays[k])
+                    at.append(addresses[k])
+                    break
+            else:
+                arr = np.empty(n, dtype=np.int32)
+                address = arr.ctypes.data
+                if len(arrays) < self.depth:
+                    arrays.append(arr)
+                    addresses.append(address)
+                outs.append(arr)
+                at.append(address)
+        return outs, at

@@ -33,17 +33,22 @@ from typing import Any
 
 import numpy as np
 
+from .._buffers import KeptResults
 from . import _fastpath as fastpath
 from ._datapath import PyDatapath, Round
 from ._roundloop import RoundLoop, chunk_table
 
-__all__ = ["RoundPlan", "PLANS", "SMALL_WORDS"]
+__all__ = ["RoundPlan", "PLANS", "SMALL_WORDS", "KEPT_WORDS"]
 
 #: round shapes a port keeps a plan for (a training loop repeats a few: its small calls', each
 #: bucket's segments')
 PLANS = 16
 #: ``combine_arrays`` rounds of at most this many words copy through the plan's own arrays
 SMALL_WORDS = 1 << 14
+#: ``combine`` rounds of at most this many words take their result arrays from the plan's own
+#: (:class:`homagg._buffers.KeptResults`, 2 per stream: at most ``PLANS * 2 * 4 * KEPT_WORDS``
+#: bytes, 16 MiB, per port); larger ones share the port's spare arrays
+KEPT_WORDS = 1 << 17
 #: a placeholder array (a plan without own arrays binds the caller's before each round)
 _NO_WORDS = np.zeros(0, dtype=np.int32)
 
@@ -60,6 +65,8 @@ class RoundPlan:
         self.own_out = [np.zeros(k, dtype=np.int32) for k in lengths] if small else None
         self._idle_in = self.own_in or [_NO_WORDS] * n  # what the round holds between rounds
         self._idle_out = self.own_out or [_NO_WORDS] * n
+        #: ``combine``'s result arrays for rounds of this shape (small shapes only), else None
+        self.kept = KeptResults(lengths) if sum(lengths) <= KEPT_WORDS else None
         #: stream names of ``combine_arrays`` rounds (errors name them)
         self.names = [f"words[{j}]" for j in range(n)]
         self.rnd = Round(job=job, rank=port.rank, seq0=port._seq, table=chunk_table(lengths, ops, job.words_per_packet),
@@ -120,11 +127,13 @@ class RoundPlan:
         st = run.st
         run.push(est)
         st.verify_left = rnd.n0 if verify is not None else 0
+        samples = st.samples  # a view of the C state's array (one ctypes object per round, not per sample)
         rc = run.call(1)
         while not st.rare:  # only packets, results and RTT samples so far: Python's part is these
-            for i in range(st.nsamples):
-                est.sample(st.samples[i])
-            st.nsamples = 0
+            n = st.nsamples
+            if n:
+                est.take(samples[:n])
+                st.nsamples = 0
             stats["packets"] += st.packets
             stats["results"] += st.results
             st.packets = st.results = 0

@@ -55,6 +55,22 @@ class RtoEstimator:
         self.samples += 1
         self.rto = min(self.max_rto, max(self.min_rto, self.srtt + max(self.granularity, 4 * self.rttvar)))
 
+    def take(self, rs: list[float]) -> None:
+        """:meth:`sample` of each of ``rs`` in order (the same arithmetic, so the same state bit for
+        bit), in one call: the native round loop hands its RTT samples over so."""
+        if not rs:
+            return
+        srtt, rttvar = self.srtt, self.rttvar
+        for r in rs:
+            if srtt is None:
+                srtt, rttvar = r, r / 2
+            else:
+                rttvar = 0.75 * rttvar + 0.25 * abs(srtt - r)
+                srtt = 0.875 * srtt + 0.125 * r
+        self.srtt, self.rttvar = srtt, rttvar
+        self.samples += len(rs)
+        self.rto = min(self.max_rto, max(self.min_rto, srtt + max(self.granularity, 4 * rttvar)))
+
     def expired(self, now: float) -> None:
         """A retransmission timer fired at ``now``: back off (once per RTO period)."""
         if now - self._backed_off_at >= self.rto:

@@ -41,8 +41,12 @@ datagrams' payloads written by that function when the native datapath builds the
 scheme's words quantised straight into the datagrams); the Python datapath sends its
 materialised words, the reference.
 
-Result arrays of the last rounds (:data:`SPARE_ARRAYS` arrays: the rounds of the pipeline's three
-segments in flight and one more) are reused once unreferenced (:func:`homagg._buffers.spare_int32`).
+:meth:`UdpSwitchPort.combine`'s result arrays are reused once unreferenced (the caller owns the
+returned tensors: an array is handed out again only when no tensor, view or array made from it is
+alive): a round of at most :data:`._roundplan.KEPT_WORDS` words takes them from its plan (2 per
+stream and their addresses: :class:`homagg._buffers.KeptResults`, no scan), a larger one from the
+result arrays of the last rounds (:data:`SPARE_ARRAYS` arrays: the rounds of the pipeline's three
+segments in flight and one more; :func:`homagg._buffers.spare_int32`).
 
 A round's set-up (chunk table, per-slot state, the native datapath's and C loop's structures) is
 made once per round shape (the streams' lengths and ops) and kept (:mod:`._roundplan`; a round then
@@ -205,58 +209,63 @@ class UdpSwitchPort(SwitchPort):
 
     # ------------------------------------------------------------------------------------------
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
-        native, spare = self.native, self._spare
+        native = self.native
         srcs: list[np.ndarray] = []
-        outs: list[np.ndarray] = []
-        results: list[torch.Tensor] = []  # the outputs as tensors (CPU; moved to their devices at the end)
-        cpu: list[bool] = []
         lengths: list[int] = []
+        ops: list[int] = []
+        moved: list[int] = []  # streams whose words are not on the CPU (results go back to their device)
         fills: list[tuple[int, int] | None] | None = None  # None: no stream has a native fill
-        # the native datapath takes the arrays' addresses from the tensors (data_ptr: no numpy ctypes object)
-        at: tuple[list[int], list[int]] | None = ([], []) if native else None
+        # the native datapath takes the words' addresses from the tensors (data_ptr: no numpy ctypes object)
+        src_at: list[int] | None = [] if native else None
         for j, s in enumerate(streams):
-            source = s.source
-            fill = source.native_fill() if native and source is not None else None
-            if fill is not None:  # the native datapath fills its datagrams straight from it (no words array)
-                if fills is None:
-                    fills = [None] * len(streams)
-                fills[j] = fill
-                srcs.append(_NO_WORDS)
-                n = source.length  # type: ignore[union-attr]
-                cpu.append(source.device.type == "cpu")  # type: ignore[union-attr]
-                if at is not None:
-                    at[0].append(_NO_WORDS_AT)
+            w = s.words
+            if w is None:
+                source = s.source
+                fill = source.native_fill() if native else None  # type: ignore[union-attr]
+                if fill is not None:  # the native datapath fills its datagrams straight from it (no words array)
+                    if fills is None:
+                        fills = [None] * len(streams)
+                    fills[j] = fill
+                    srcs.append(_NO_WORDS)
+                    src_at.append(_NO_WORDS_AT)  # type: ignore[union-attr]
+                    lengths.append(source.length)  # type: ignore[union-attr]
+                    ops.append(s.op)
+                    if source.device.type != "cpu":  # type: ignore[union-attr]
+                        moved.append(j)
+                    continue
+                w = source.materialize()  # type: ignore[union-attr]
+            if not w.is_cpu:
+                moved.append(j)
+                w = w.detach().cpu().contiguous()
+            elif not w.is_contiguous():  # (int32 words never require grad: numpy() reads them)
+                w = w.detach().contiguous()
+            if src_at is not None:  # the native datapath binds the address; the round holds the tensor
+                srcs.append(w)  # type: ignore[arg-type]
+                src_at.append(w.data_ptr())
             else:
-                w = s.materialize()
-                on_cpu = w.is_cpu
-                cpu.append(on_cpu)
-                if not on_cpu or not w.is_contiguous():  # (int32 words never require grad: numpy() reads them)
-                    w = w.detach().cpu().contiguous()
-                n = w.numel()
-                if at is not None:  # the native datapath binds the address; the round holds the tensor
-                    srcs.append(w)  # type: ignore[arg-type]
-                    at[0].append(w.data_ptr())
-                else:
-                    srcs.append(w.numpy())
-            lengths.append(n)
-            out = spare_int32(spare, n)
-            outs.append(out)
-            t = torch.from_numpy(out)
-            results.append(t)
-            if at is not None:
-                at[1].append(t.data_ptr())
-        plan = self._plans.get(key := (tuple(lengths), tuple([int(s.op) for s in streams]))) or self._plan(*key)
+                srcs.append(w.numpy())
+            lengths.append(w.numel())
+            ops.append(s.op)
+        plan = self._plans.get(key := (tuple(lengths), tuple(ops))) or self._plan(key[0], tuple(map(int, ops)))
         self.stats["rounds"] += 1
+        kept = plan.kept
+        if kept is not None:  # a small round shape: its own result arrays, reused once unreferenced
+            outs, out_at = kept.take()
+        else:  # result arrays of the last rounds, reused once unreferenced
+            spare = self._spare
+            outs = [spare_int32(spare, n) for n in lengths]
+            out_at = [o.ctypes.data for o in outs] if native else []
+            self._spare = (spare + outs)[-SPARE_ARRAYS:]
+        results = [torch.from_numpy(o) for o in outs]  # the outputs as tensors (CPU: moved back below)
         if plan.total:
             check = streams[0].verify  # a CheckOnce takes the host words as they are (no tensor)
-            self._run(plan, srcs, outs, [s.name for s in streams],
-                      check if check is None or isinstance(check, CheckOnce)
-                      else lambda words: check(torch.from_numpy(words)), fills, at)
-        self._spare = (spare + outs)[-SPARE_ARRAYS:]
+            plan.run(self, srcs, outs, [s.name for s in streams],
+                     check if check is None or isinstance(check, CheckOnce)
+                     else lambda words: check(torch.from_numpy(words)), fills,
+                     None if src_at is None else (src_at, out_at))
         # results go back to the device the words came from (only compressed words cross to the host)
-        for j, on_cpu in enumerate(cpu):
-            if not on_cpu:
-                results[j] = results[j].to(streams[j].device)
+        for j in moved:
+            results[j] = results[j].to(streams[j].device)
         return results
 
     def combine_arrays(self, ops: Sequence[CombineOp], words: Sequence[np.ndarray],

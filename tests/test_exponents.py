@@ -177,6 +177,17 @@ def _steady_sequence(scheme: str) -> tuple[list[list[torch.Tensor]], list[list[t
     return [r[0] for r in results], [r[1] for r in results], [r[2] for r in results]
 
 
+def same_sequences(one: tuple[list, list, list], other: tuple[list, list, list]) -> None:
+    """Two runs of :func:`_steady_sequence` gave every worker the same result bits, recorded
+    exponents, union and ``changed`` figures, rounds and redos."""
+    for (o_out, o_rec, o_cnt), (t_out, t_rec, t_cnt) in zip(zip(*one), zip(*other), strict=True):
+        for a, b in zip(o_out, t_out, strict=True):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+        for a, b in zip(o_rec, t_rec, strict=True):
+            assert torch.equal(a[0], b[0]) and a[1:] == b[1:]
+        assert o_cnt == t_cnt
+
+
 @pytest.mark.parametrize("scheme", ["dense", "sketch", "auto", "compact"])
 def test_steady_calls_decide_alike_on_the_host_and_a_device_s_path(scheme: str) -> None:
     """A call sequence run on the host path and again along a device's path (the torch
@@ -185,12 +196,7 @@ def test_steady_calls_decide_alike_on_the_host_and_a_device_s_path(scheme: str) 
     host = _steady_sequence(scheme)
     with device_paths():
         device = _steady_sequence(scheme)
-    for (h_out, h_rec, h_cnt), (d_out, d_rec, d_cnt) in zip(zip(*host), zip(*device), strict=True):
-        for a, b in zip(h_out, d_out, strict=True):
-            assert torch.equal(a.view(torch.int32), b.view(torch.int32))
-        for a, b in zip(h_rec, d_rec, strict=True):
-            assert torch.equal(a[0], b[0]) and a[1:] == b[1:]
-        assert h_cnt == d_cnt
+    same_sequences(host, device)
     changed = [rec[2] for rec in host[1][0]]
     if scheme != "compact":  # compact agrees its exponents first: no guess, nothing redone
         assert sum(c[1] for c in host[2][0]) > 0, "no call redid a block: the sequence tests no settling"

@@ -4,10 +4,13 @@ Every function here works on one-per-block int32 exponent tensors (EMPTY_EXPONEN
 holds no value) and computes with integer arithmetic only.  Each has two paths that give the same
 values bit for bit (``tests/test_exponents.py`` compares them on random and extreme exponents):
 
-* host tensors (int32/bool on the CPU: :func:`homagg.codec._hostops.reads_free`): numpy on
-  ``.numpy()`` views of the tensors, a few vectorised operations per call and the results wrapped
-  with ``torch.from_numpy`` (a mid-size call has 64-256 blocks, where a torch operation's fixed
-  cost is most of its time);
+* host tensors (int32/bool on the CPU: :func:`homagg.codec._hostops.reads_free`): where the
+  codec's native library holds the exponent kernels (:mod:`homagg.codec._exponent_native`) and the
+  tensors are contiguous and alike in shape, a steady call's guess and its settling are one C call
+  each on the tensors' addresses (:func:`guess_and_negated`, :func:`settle_exponents`); else numpy
+  on ``.numpy()`` views of the tensors, a few vectorised operations per call and the results
+  wrapped with ``torch.from_numpy`` (a mid-size call has 64-256 blocks, where a torch operation's
+  fixed cost is most of its time; ``tests/test_exponents_native.py`` compares the three paths);
 * any other tensor (a device's, or another dtype): the torch operations (``_torch_*``), which
   never read a value on the host.
 
@@ -22,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from . import _hostops
+from . import _exponent_native, _hostops
 
 __all__ = [
     "EMPTY_EXPONENT",
@@ -65,6 +68,9 @@ def guess_exponents(previous: torch.Tensor, local: torch.Tensor, raise_by: int =
     window.
     """
     if _host(previous, local):
+        native = _native_guess(previous, local, raise_by)
+        if native is not None:
+            return native[0]
         return torch.from_numpy(_np_guess(previous.numpy(), local.numpy(), raise_by))
     return _torch_guess_exponents(previous, local, raise_by)
 
@@ -81,10 +87,33 @@ def guess_and_negated(previous: torch.Tensor, local: torch.Tensor,
                       raise_by: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(:func:`guess_exponents`, :func:`negated_guess` of it), in one pass on the host."""
     if _host(previous, local):
+        native = _native_guess(previous, local, raise_by)
+        if native is not None:
+            return native
         guess = _np_guess(previous.numpy(), local.numpy(), raise_by)
         return torch.from_numpy(guess), torch.from_numpy(_np_negated(guess))
     guess_t = _torch_guess_exponents(previous, local, raise_by)
     return guess_t, _torch_negated_guess(guess_t)
+
+
+def _native(a: torch.Tensor, b: torch.Tensor, *window: int) -> bool:
+    """Whether the exponent kernels serve host tensors ``a`` and ``b`` (already checked int32 on the
+    CPU): the library holds them, both are contiguous and of one shape, the window fits the kernels."""
+    limit = _exponent_native.WINDOW_LIMIT
+    return (_exponent_native.AVAILABLE and a.shape == b.shape and a.is_contiguous() and b.is_contiguous()
+            and all(-limit < w < limit for w in window))
+
+
+def _native_guess(previous: torch.Tensor, local: torch.Tensor,
+                  raise_by: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(guess, negated guess) from ``homagg_guess32`` in one C call, where :func:`_native` allows;
+    else None (the numpy path runs)."""
+    if not _native(previous, local, raise_by):
+        return None
+    guess, negated = torch.empty_like(local), torch.empty_like(local)
+    _exponent_native.guess32(previous.data_ptr(), local.data_ptr(), local.numel(), raise_by, guess.data_ptr(),
+                             negated.data_ptr())
+    return guess, negated
 
 
 def _np_guess(previous: np.ndarray, local: np.ndarray, raise_by: int) -> np.ndarray:
@@ -162,15 +191,31 @@ def settle_exponents(agreed: torch.Tensor, max_negated_guess: torch.Tensor, rais
     tensors, ``previous`` of the same shape given) :func:`changed_fraction` of ``previous`` under
     ``(raise_by, slack)``: one pass over the blocks on the host."""
     if _host(agreed, max_negated_guess):
+        with_prev = previous is not None and _host(previous) and previous.shape == agreed.shape
+        if _native(agreed, max_negated_guess, raise_by, slack) and (not with_prev or previous.is_contiguous()):
+            return _native_settle(agreed, max_negated_guess, raise_by, slack, previous if with_prev else None)
         a = agreed.numpy()
         bad, exponents, held = _np_settle(a, max_negated_guess.numpy(), slack)
         changed = None
-        if previous is not None and _host(previous) and previous.shape == agreed.shape:
+        if with_prev:
+            assert previous is not None
             both, moved = _np_outside(previous.numpy(), a, raise_by, slack, held)
             changed = _fraction(int(np.count_nonzero(both)), int(np.count_nonzero(moved)))
         return Settled(torch.from_numpy(bad), torch.from_numpy(exponents), changed)
     bad_t = _torch_mismatched_blocks(agreed, max_negated_guess, slack)
     return Settled(bad_t, _torch_decode_exponents(agreed, max_negated_guess, bad_t), None)
+
+
+def _native_settle(agreed: torch.Tensor, max_negated_guess: torch.Tensor, raise_by: int, slack: int,
+                   previous: torch.Tensor | None) -> Settled:
+    """:func:`settle_exponents`'s host pass in one C call (``homagg_settle32``): the mask, the
+    decode exponents and, with ``previous`` (contiguous, of ``agreed``'s shape), the counts behind
+    ``changed``."""
+    bad, exponents = torch.empty_like(agreed, dtype=torch.bool), torch.empty_like(agreed)
+    counts = _exponent_native.settle32(agreed.data_ptr(), max_negated_guess.data_ptr(), agreed.numel(), slack,
+                                       bad.data_ptr(), exponents.data_ptr(),
+                                       None if previous is None else previous.data_ptr(), raise_by)
+    return Settled(bad, exponents, None if counts is None else _fraction(*counts))
 
 
 def _np_settle(agreed: np.ndarray, max_negated_guess: np.ndarray,

@@ -56,7 +56,7 @@ class Decoding:
                 return {"redo": 0}
             return {"redo": int(np.count_nonzero(bad.numpy()) > 0 if bad.is_cpu else bool(bad.any()))}
         redo = bad.any() if bad is not None else torch.zeros((), dtype=torch.bool, device=sums.device)
-        union = torch.count_nonzero(sums.any(dim=1) if self.limbs > 1 else sums)
+        union = torch.count_nonzero(sums.reshape(-1, self.limbs).any(dim=1) if self.limbs > 1 else sums)
         if self.dtype != torch.float32 or self.limbs > 1:
             return self.fetch(redo=redo, union=union)
         assert self.exponents is not None
@@ -64,13 +64,14 @@ class Decoding:
                                                                                          self.world_size))
 
     def dense_result(self, sums: torch.Tensor, known: dict[str, int] | None = None) -> torch.Tensor:
-        """Result from the combined words of *every* element (``sums``: (numel, L)); ``known``:
-        :meth:`read_dense`'s figures of these sums, where read."""
+        """Result from the combined words of *every* element (``sums``: (numel, L), or flat as
+        combined: (numel * L,)); ``known``: :meth:`read_dense`'s figures of these sums, where read."""
         known = known or {}
         if self.like is not None:
-            nonzero = torch.nonzero(sums.any(dim=1)).squeeze(1)
+            rows = sums.reshape(-1, self.limbs)
+            nonzero = torch.nonzero(rows.any(dim=1)).squeeze(1)
             self.union = nonzero.numel()
-            return self.result(nonzero, sums.index_select(0, nonzero))
+            return self.result(nonzero, rows.index_select(0, nonzero))
         out = self.target if self.target is not None else torch.empty(self.numel, dtype=self.dtype, device=self.device)
         counted = None  # the native float32 kernels count the nonzero sums while they decode them
         if self.is_float:
@@ -82,12 +83,12 @@ class Decoding:
                 counted = _blocks.dequantize_into(out, sums.reshape(-1), self.exponents, self.world_size,
                                                   self.cfg.block_size, None if path is None else bool(path), self.limbs)
         else:
-            out.copy_(_fixedpoint.from_limbs(sums, self.dtype))
+            out.copy_(_fixedpoint.from_limbs(sums.reshape(-1, self.limbs), self.dtype))
         if "union" in known:
             self.union = known["union"]
         else:
             self.union = counted if counted is not None else int(
-                torch.count_nonzero(sums.any(dim=1) if self.limbs > 1 else sums))
+                torch.count_nonzero(sums.reshape(-1, self.limbs).any(dim=1) if self.limbs > 1 else sums))
         return out
 
     def _dense_native32(self, out: torch.Tensor, sums: torch.Tensor) -> int | None:

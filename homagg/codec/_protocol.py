@@ -9,11 +9,12 @@ from typing import Any
 import torch
 
 from . import _hostops, _small
-from ._config import CodecConfig
+from ._config import CodecConfig, check_scheme
 from ._history import History
 from ._pipeline import allreduce_segments, segment_length
-from ._schemes import protocol
+from ._schemes import drive
 from ._stats import WorkerStats
+from ._worker import Worker
 from ..transport import SwitchPort
 
 __all__ = ["allreduce"]
@@ -63,13 +64,8 @@ def allreduce(
         out = tensor if inplace and tensor.is_contiguous() else tensor.detach().clone(memory_format=torch.contiguous_format)
         allreduce_segments(out.view(-1), port, scheme, cfg, stats, history, key, seg)
         return tensor.copy_(out) if inplace and out is not tensor else out
-    gen = protocol(tensor, port.world_size, scheme, cfg, stats, inplace, history, key)
-    try:
-        streams = next(gen)
-        while True:
-            streams = gen.send(port.combine(streams))
-    except StopIteration as done:
-        flat: torch.Tensor = done.value
+    check_scheme(scheme)  # :func:`homagg.codec._schemes.protocol`, driven on ``port`` (no generator of its own)
+    flat = drive(Worker(tensor, port.world_size, cfg, inplace), port, scheme, stats, history, key)
     if layout == torch.sparse_coo:  # a coalesced COO result of the input's layout
         return tensor.copy_(flat) if inplace else flat
     if inplace:

@@ -52,87 +52,23 @@ within the same bound, and bit-identical to a first call with ``guess_window=Fal
 from __future__ import annotations
 
 from collections.abc import Generator, Hashable
-from functools import lru_cache
-
 import torch
 
 from . import _bitmap, _descriptor, _exponents, _fixedpoint, _hostops, _sketch
 from ._config import CodecConfig, check_scheme
+from ._cost import _bitmap_cost_of, _choice, bitmap_levels, choose  # noqa: F401 - re-exported (the cost model's home)
 from .._errors import ProtocolError
 from ._history import Agreed, History
 from ._stats import WorkerStats
-from ..transport import Stream
+from ..transport import Stream, SwitchPort
 from ..transport._base import CheckOnce
 from ._worker import Round, Worker, exchange
 from ..wire import CombineOp
 
-__all__ = ["protocol", "run", "prepare", "choose", "Round"]
+__all__ = ["protocol", "run", "begin", "drive", "prepare", "choose", "Round"]
 
 Protocol = Generator[Round, list[torch.Tensor], torch.Tensor]
 _HOST = torch.device("cpu")  #: where the call descriptor's words live, whatever the input's device
-
-
-def choose(numel: int, union_estimate: float, limbs: int, cfg: CodecConfig) -> str:
-    """``auto``'s choice once the union size is estimated (or remembered).
-
-    Cost of a continuation = bytes on the wire / bandwidth + further rounds * RTT + codec CPU, with
-    dense: ``4nL`` bytes, 1 round, ``n * dense_ns``; sketch: ``n/8 + 4cL`` bytes (c cells), 1 round
-    (a repair round is rare at the configured overhead) plus ``U * peel_ns`` of peeling; compact:
-    ``n/8 + 4UL`` bytes, 2 rounds (its bitmap must come back before values can be placed),
-    ``U * compact_ns``.  Measured on
-    loopback, the peeling term decides: a 2-rank sparse embedding all_reduce (200k x 32, 512
-    rows) took 23 ms with compact and 39-51 ms with sketch.  Ties go to the simpler scheme.  The inputs are
-    agreed by all workers, so every worker chooses the same continuation.
-    """
-    return _choice(numel, union_estimate, limbs, cfg.bandwidth_gbps, cfg.rtt_us, cfg.sketch_cells,
-                   cfg.sketch_overhead, cfg.dense_ns, cfg.compact_ns, cfg.peel_ns, cfg.bitmap_levels)
-
-
-@lru_cache(maxsize=4096)
-def _choice(numel: int, union_estimate: float, limbs: int, bandwidth_gbps: float, rtt_us: float,
-            sketch_cells: int | None, sketch_overhead: float, dense_ns: float, compact_ns: float, peel_ns: float,
-            bitmap_levels: int | None) -> str:
-    """:func:`choose`, a pure function of the cost model's fields (remembered: a steady call asks
-    the same question each time; hashing these costs less than a whole :class:`CodecConfig`)."""
-    bandwidth = bandwidth_gbps * 1e9 / 8
-    rtt = rtt_us * 1e-6
-    cells = sketch_cells or _sketch.sketch_cells(union_estimate, sketch_overhead)
-    costs = {
-        "dense": 4 * numel * limbs / bandwidth + rtt + numel * dense_ns * 1e-9,
-        "compact": (4 * union_estimate * limbs / bandwidth
-                    + _bitmap_cost_of(numel, union_estimate, bandwidth_gbps, rtt_us, bitmap_levels)[0]
-                    + union_estimate * compact_ns * 1e-9),
-        "sketch": (numel / 8 + 4 * cells * limbs) / bandwidth + rtt + union_estimate * peel_ns * 1e-9,
-    }
-    return min(costs, key=lambda k: costs[k])
-
-
-def _bitmap_cost(numel: int, union: float, cfg: CodecConfig) -> tuple[float, int]:
-    """(modelled seconds, levels) of compact's bitmap and the rounds up to its values: one level
-    (``n/32`` words, then values: 2 rounds) or two (:func:`homagg.codec._bitmap.two_level_words`, 3
-    rounds); the cheaper, or ``cfg.bitmap_levels`` when set.  Agreed inputs: every worker picks
-    the same."""
-    return _bitmap_cost_of(numel, union, cfg.bandwidth_gbps, cfg.rtt_us, cfg.bitmap_levels)
-
-
-def _bitmap_cost_of(numel: int, union: float, bandwidth_gbps: float, rtt_us: float,
-                    bitmap_levels: int | None) -> tuple[float, int]:
-    """:func:`_bitmap_cost` of the cost model's fields."""
-    bandwidth = bandwidth_gbps * 1e9 / 8
-    rtt = rtt_us * 1e-6
-    costs = {1: 4 * _bitmap.bitmap_words(numel) / bandwidth + 2 * rtt,
-             2: 4 * _bitmap.two_level_words(numel, union) / bandwidth + 3 * rtt}
-    levels = bitmap_levels or min(costs, key=lambda k: costs[k])
-    return costs[levels], levels
-
-
-def bitmap_levels(numel: int, union: float | None, cfg: CodecConfig) -> int:
-    """Levels of compact's bitmap for a tensor of ``numel`` elements with an agreed (remembered or
-    estimated) ``union`` size: ``cfg.bitmap_levels``, else the cheaper by the cost model, else
-    (no union known) 1."""
-    if union is None:
-        return cfg.bitmap_levels or 1
-    return _bitmap_cost(numel, union, cfg)[1]
 
 
 def protocol(
@@ -161,12 +97,38 @@ def run(w: Worker, scheme: str, stats: WorkerStats, history: History | None = No
     exponents: :class:`~homagg.NonFiniteError`) runs here, before the generator is returned; the
     generator is the body's with the descriptor at its head (:func:`_described`), no layer that
     only forwards rounds."""
+    body, slot, prior = begin(w, scheme, stats, history, key)
+    return _described(body, w, scheme, stats, history, slot, prior)
+
+
+def begin(w: Worker, scheme: str, stats: WorkerStats, history: History | None = None,
+          key: Hashable = None) -> tuple[Protocol, tuple[Hashable, ...], Agreed | None]:
+    """:func:`run`'s set-up: the body (its rounds, no descriptor), the history slot and its entry."""
     slot = _slot(w, key)
     prior = history.get(slot) if history is not None else None
     w.prior = prior.exponents if prior is not None else None
     continuation = _prepare(w, scheme, prior)
     body = _first_call(w, scheme, stats) if prior is None else _steady(w, continuation, stats, prior)
-    return _described(body, w, scheme, stats, history, slot, prior)
+    return body, slot, prior
+
+
+def drive(w: Worker, port: SwitchPort, scheme: str, stats: WorkerStats, history: History | None = None,
+          key: Hashable = None) -> torch.Tensor:
+    """:func:`run`'s protocol combined on ``port`` up to its flat result, the same rounds, checks and
+    record as :func:`_described`'s, with no generator of its own between the body and the port."""
+    body, slot, prior = begin(w, scheme, stats, history, key)
+    try:
+        first = next(body)
+    except StopIteration as stop:  # a protocol that needed no round
+        return _done(stop.value, w, history, slot, prior)
+    once = CheckOnce(_descriptor.check)
+    value = _first_results(port.combine(_head_round(w, scheme, stats, first, once)), once)
+    while True:
+        try:
+            streams = body.send(value)
+        except StopIteration as stop:
+            return _done(stop.value, w, history, slot, prior)
+        value = port.combine(streams)
 
 
 def _record(w: Worker, history: History, slot: tuple[Hashable, ...], prior: Agreed | None) -> None:
@@ -207,28 +169,41 @@ def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats, histo
     try:
         first = next(body)
     except StopIteration as stop:  # a protocol that needed no round
-        if history is not None:
-            _record(w, history, slot, prior)
-        return stop.value
-    # the descriptor's words stay on the host whatever the input's device: checking them reads no device
+        return _done(stop.value, w, history, slot, prior)
     once = CheckOnce(_descriptor.check)
-    head = _descriptor.describe(w.numel, w.dtype, scheme, w.world_size, first, _HOST,
-                                w.limbs if w.is_float else 1, once)
-    stats.bytes_per_stream[head.name] += 4 * head.length
-    combined = yield [head, *first]
-    if not combined:
-        raise ProtocolError("switch returned no streams for a call's first round")
-    if not once.called:
-        once(combined[0])
-    value: list[torch.Tensor] = combined[1:]
+    value = _first_results((yield _head_round(w, scheme, stats, first, once)), once)
     while True:
         try:
             streams = body.send(value)
         except StopIteration as stop:
-            if history is not None:
-                _record(w, history, slot, prior)
-            return stop.value
+            return _done(stop.value, w, history, slot, prior)
         value = yield streams
+
+
+def _head_round(w: Worker, scheme: str, stats: WorkerStats, first: Round, once: CheckOnce) -> Round:
+    """The first round with the call descriptor at its head, verified by ``once``."""
+    # the descriptor's words stay on the host whatever the input's device: checking them reads no device
+    head = _descriptor.describe(w.numel, w.dtype, scheme, w.world_size, first, _HOST,
+                                w.limbs if w.is_float else 1, once)
+    stats.bytes_per_stream[head.name] += 4 * head.length
+    return [head, *first]
+
+
+def _first_results(combined: list[torch.Tensor], once: CheckOnce) -> list[torch.Tensor]:
+    """The body's results of the first round (the descriptor's checked, unless a port did)."""
+    if not combined:
+        raise ProtocolError("switch returned no streams for a call's first round")
+    if not once.called:
+        once(combined[0])
+    return combined[1:]
+
+
+def _done(result: torch.Tensor, w: Worker, history: History | None, slot: tuple[Hashable, ...],
+          prior: Agreed | None) -> torch.Tensor:
+    """``result``, once the call is recorded in ``history`` (:func:`_record`)."""
+    if history is not None:
+        _record(w, history, slot, prior)
+    return result
 
 
 def _slot(w: Worker, key: Hashable) -> tuple[Hashable, ...]:
@@ -288,20 +263,24 @@ def _first_call(w: Worker, scheme: str, stats: WorkerStats) -> Protocol:
 
 
 def _steady(w: Worker, scheme: str, stats: WorkerStats, prior: Agreed) -> Protocol:
-    """A call with a history entry; ``scheme``: :func:`_prepare`'s continuation (never ``auto``)."""
+    """A call with a history entry; ``scheme``: :func:`_prepare`'s continuation (never ``auto``).
+
+    Not a generator itself: it quantises under the guess (where one pays) now, before any round,
+    and returns the continuation's generator, so the rounds pass through no layer that only
+    forwards them."""
     if scheme == "compact":
-        return (yield from _compact(w, stats, bitmap_levels(w.numel, float(prior.union), w.cfg)))
+        return _compact(w, stats, bitmap_levels(w.numel, float(prior.union), w.cfg))
     previous = prior.exponents if w.is_float else None
     if previous is not None and previous.numel() != w.blocks:  # pragma: no cover - the key includes numel
         previous = None
     if w.is_float and (previous is None or not _guess_pays(w, prior)):
-        return (yield from _first_call(w, scheme, stats))
+        return _first_call(w, scheme, stats)
     guess = w.guess(previous) if previous is not None else None
     if guess is None:
         w.quantize(None)
     if scheme == "dense":
-        return (yield from _dense(w, stats, guess))
-    return (yield from _sketch_round(w, stats, float(prior.union), guess))
+        return _dense(w, stats, guess)
+    return _sketch_round(w, stats, float(prior.union), guess)
 
 
 def _dense(w: Worker, stats: WorkerStats, guess: torch.Tensor | None = None) -> Protocol:
@@ -310,7 +289,7 @@ def _dense(w: Worker, stats: WorkerStats, guess: torch.Tensor | None = None) -> 
     streams = w.guess_streams(guess) if guess is not None else []
     streams.append(w.dense_stream())
     combined = yield from exchange(streams, stats)
-    sums = combined[-1].reshape(-1, w.limbs)
+    sums = combined[-1]  # flat, as combined: the decoder takes it so (no (n, L) view to undo)
     bad = w.settle(combined[0], combined[1]) if guess is not None else None
     known = w.read_dense(sums, bad)  # one read: whether to redo, and what decoding needs
     if known["redo"]:
@@ -319,6 +298,7 @@ def _dense(w: Worker, stats: WorkerStats, guess: torch.Tensor | None = None) -> 
         stats.redos += 1
         stats.redone += redo.numel()
         (fixed,) = yield from exchange([Stream("redo", CombineOp.ADD, w.dense_values(bad))], stats)
+        sums = sums.reshape(-1, w.limbs)
         sums[redo] = fixed.reshape(-1, w.limbs)
         known = {}  # figures of the sums before the redo
     return w.dense_result(sums, known)

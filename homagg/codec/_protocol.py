@@ -69,7 +69,7 @@ def allreduce(
     if layout == torch.sparse_coo:  # a coalesced COO result of the input's layout
         return tensor.copy_(flat) if inplace else flat
     if inplace:
-        if flat.data_ptr() != tensor.data_ptr():
+        if flat is not tensor and flat.data_ptr() != tensor.data_ptr():  # a 1-D input is its own result
             tensor.copy_(flat.reshape(tensor.shape))
         return tensor
     return flat.reshape(tensor.shape)

@@ -7,6 +7,7 @@ import os
 import shutil
 
 import hypothesis.strategies as st
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -301,3 +302,44 @@ def test_native_bit_ranks_refuse_a_position_outside_the_bitmap() -> None:
     words = pack_positions(torch.tensor([3, 40]), 64)
     with pytest.raises(IndexError):
         _native.bit_ranks32(words.numpy(), torch.tensor([3, 64]).numpy())
+
+
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(0, 3000), density=st.sampled_from([0.0, 0.01, 0.5, 1.0]),
+       dtype=st.sampled_from([torch.float32, torch.int32]), negatives=st.sampled_from([0, 1, 3]))
+def test_native_scan_tells_the_bits_of_what_it_found_zero(seed, n, density, dtype, negatives) -> None:
+    """``homagg_scan32z`` (the scan that also ORs the raw bits of every element it found zero, so a
+    float's -0.0 shows) against numpy, with -0.0 anywhere (the 64-element groups and the tail), and
+    the same positions, values and words as the plain scan."""
+    x = _sparse_tensor(seed, n, density, dtype)
+    if dtype == torch.float32 and n:
+        g = torch.Generator().manual_seed(seed + 1)
+        zeros = torch.nonzero(x == 0).squeeze(1)
+        if zeros.numel():
+            x[zeros[torch.randint(zeros.numel(), (negatives,), generator=g)]] = -0.0
+    a = x.view(torch.int32).numpy().view("uint32")
+    mask = _hostops._NATIVE_MASKS[dtype]
+    odd: list[int] = []
+    pos, values, words = _hostops.nonzeros_and_bitmap(x, 7, odd)
+    want = int(np.bitwise_or.reduce(a[(a & mask) == 0], initial=0))
+    assert odd == ([] if n == 0 else [odd[0]]) and (not odd or (odd[0] != 0) == (want != 0)), (odd, want)
+    plain = _hostops.nonzeros_and_bitmap(x, 7)
+    assert torch.equal(pos, plain[0]) and torch.equal(values, plain[1]) and torch.equal(words, plain[2])
+
+
+@needs_native
+def test_a_worker_skips_the_fill_only_where_its_scan_saw_no_negative_zero() -> None:
+    """``Decoding.plain_zeros``: set by the scan of a float32 input; an input with one -0.0 (at the
+    start, in a group, in the tail) leaves it False, so the in-place result is filled."""
+    from homagg.codec import CodecConfig
+    from homagg.codec._worker import Worker
+
+    for where in (None, 0, 64 * 5 + 3, 1000):
+        x = torch.zeros(1003)
+        x[::10] = 1.5
+        if where is not None:
+            x[where + 1 if where % 10 == 0 else where] = -0.0
+        w = Worker(x, 2, CodecConfig(), inplace=True)
+        w.idx  # noqa: B018 - the scan
+        assert w.plain_zeros is (where is None), where

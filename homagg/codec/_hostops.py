@@ -55,7 +55,8 @@ def nonzero_positions(flat: torch.Tensor) -> torch.Tensor:
     return _scan(flat, with_values=False)[0]
 
 
-def nonzeros_and_bitmap(flat: torch.Tensor, capacity: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def nonzeros_and_bitmap(flat: torch.Tensor, capacity: int | None = None,
+                        odd: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(positions, values, words)`` of the nonzero elements of 1-D ``flat``: the positions as
     :func:`nonzero_positions`, the values ``flat[positions]`` (``flat``'s dtype) and the int32
     bitmap words of the positions (``bitmap_of(positions, flat.numel())``).  On CPU one pass: each
@@ -63,8 +64,9 @@ def nonzeros_and_bitmap(flat: torch.Tensor, capacity: int | None = None) -> tupl
     (``np.packbits``: ~1 ms per 25M elements, against 3-13 ms for :func:`bitmap_of` at 1-10%).
     The native scan lists the positions and values in its pass too while they fit ``capacity``
     (an expected count, e.g. the last call's local count; default an eighth of the elements), else
-    from the bitmap afterwards: the same results either way."""
-    positions, values, words = _scan(flat, with_values=True, with_bitmap=True, capacity=capacity)
+    from the bitmap afterwards: the same results either way.  ``odd``: the native scan appends the
+    OR of the bits of the elements it found zero (0: every zero is +0.0), where it can tell."""
+    positions, values, words = _scan(flat, with_values=True, with_bitmap=True, capacity=capacity, odd=odd)
     assert values is not None
     return positions, values, words if words is not None else bitmap_of(positions, flat.numel())
 
@@ -73,15 +75,15 @@ def nonzeros_and_bitmap(flat: torch.Tensor, capacity: int | None = None) -> tupl
 _NATIVE_MASKS = {torch.float32: 0x7FFFFFFF, torch.int32: 0xFFFFFFFF}
 
 
-def _scan(flat: torch.Tensor, with_values: bool, with_bitmap: bool = False,
-          capacity: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def _scan(flat: torch.Tensor, with_values: bool, with_bitmap: bool = False, capacity: int | None = None,
+          odd: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The chunked scan behind both: positions, the values and the packed bitmap only when asked
     for (no bitmap from the torch fallback: the caller packs the positions)."""
     if not _host(flat) or flat.dim() != 1 or flat.dtype not in _DIRECT and flat.dtype != torch.bfloat16:
         idx = torch.nonzero(flat).squeeze(1)
         return idx, flat[idx] if with_values else None, None
     if _native.AVAILABLE and flat.dtype in _NATIVE_MASKS:
-        return _native_scan(flat, with_values, flat.numel() // 8 if capacity is None else capacity)
+        return _native_scan(flat, with_values, flat.numel() // 8 if capacity is None else capacity, odd)
     bf16 = flat.dtype == torch.bfloat16  # numpy has no bfloat16: its bits without the sign bit
     a = flat.view(torch.int16).numpy() if bf16 else flat.numpy()
     n = a.size
@@ -116,12 +118,12 @@ def _scan(flat: torch.Tensor, with_values: bool, with_bitmap: bool = False,
     return positions, values.view(torch.bfloat16) if bf16 else values, words
 
 
-def _native_scan(flat: torch.Tensor, with_values: bool,
-                 capacity: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+def _native_scan(flat: torch.Tensor, with_values: bool, capacity: int,
+                 odd: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """:func:`_scan` of a 32-bit tensor by the native kernels: one packing pass over the input that
     also lists the positions and gathers the values while they fit ``capacity`` entries
     (:func:`homagg.codec._native.scan32`)."""
-    words, positions, values = _native.scan32(flat.numpy(), _NATIVE_MASKS[flat.dtype], capacity, with_values)
+    words, positions, values = _native.scan32(flat.numpy(), _NATIVE_MASKS[flat.dtype], capacity, with_values, odd)
     return (torch.from_numpy(positions), torch.from_numpy(values) if values is not None else None,
             torch.from_numpy(words))
 

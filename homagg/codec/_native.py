@@ -30,6 +30,9 @@ def _load() -> ctypes.CDLL | None:
     lib.homagg_pack32.restype = i64
     lib.homagg_scan32.argtypes = [ptr, i64, ctypes.c_uint32, ptr, i64, ptr, ptr, ptr]
     lib.homagg_scan32.restype = i64
+    if hasattr(lib, "homagg_scan32z"):  # an older build lacks it: the caller then cannot tell (None)
+        lib.homagg_scan32z.argtypes = [ptr, i64, ctypes.c_uint32, ptr, i64, ptr, ptr, ptr, ptr]
+        lib.homagg_scan32z.restype = i64
     lib.homagg_set_bits32.argtypes = [ptr, i64, ptr]
     lib.homagg_set_bits32.restype = i64
     lib.homagg_decode_into32.argtypes = [ptr, i64, ptr, ptr, i64, ptr, i64, ctypes.c_int]
@@ -86,13 +89,14 @@ def pack32(x: np.ndarray, mask: int) -> tuple[np.ndarray, int]:
     return words[: -(-x.size // 32)], int(count)
 
 
-def scan32(x: np.ndarray, mask: int, capacity: int,
-           with_values: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def scan32(x: np.ndarray, mask: int, capacity: int, with_values: bool,
+           odd: list[int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """``(words, positions, values)`` of the elements of contiguous 32-bit ``x`` with ``x & mask !=
     0``: :func:`pack32`'s words, the sorted int64 positions (:func:`set_bits32` of the words) and,
     with ``with_values``, ``x`` at them (:func:`gather32`) -- listed in the same pass as the
     packing while they fit ``capacity`` entries, else from the words afterwards (the same arrays
-    either way)."""
+    either way).  ``odd`` (a list): where the library has ``homagg_scan32z``, the scan also appends
+    the OR of the raw bits of every element it found zero (nonzero: a float's -0.0 is among them)."""
     assert _LIB is not None and x.itemsize == 4 and x.flags.c_contiguous
     if x.size == 0:
         return np.zeros(1, dtype=np.int32)[:0], np.zeros(1, dtype=np.int64)[:0], (x[:0].copy() if with_values else None)
@@ -101,8 +105,14 @@ def scan32(x: np.ndarray, mask: int, capacity: int,
     pos = np.empty(room, dtype=np.int64)
     vals = np.empty(room, dtype=x.dtype) if with_values else None
     listed = ctypes.c_int64(0)
-    count = int(_LIB.homagg_scan32(x.ctypes.data, x.size, mask, words.ctypes.data, room, pos.ctypes.data,
-                                   None if vals is None else vals.ctypes.data, ctypes.byref(listed)))
+    args = (x.ctypes.data, x.size, mask, words.ctypes.data, room, pos.ctypes.data,
+            None if vals is None else vals.ctypes.data, ctypes.byref(listed))
+    if odd is not None and hasattr(_LIB, "homagg_scan32z"):
+        bits = ctypes.c_uint32(0)
+        count = int(_LIB.homagg_scan32z(*args, ctypes.byref(bits)))
+        odd.append(bits.value)
+    else:
+        count = int(_LIB.homagg_scan32(*args))
     words = words[: -(-x.size // 32)]
     if listed.value < 0:  # more than the room: listed from the packed words
         positions = set_bits32(words, count)

@@ -195,6 +195,70 @@ int64_t homagg_scan32(const uint32_t *x, int64_t n, uint32_t mask, uint64_t *wor
     return scan32_scalar(x, n, mask, words, cap, pos, vals, listed);
 }
 
+/* homagg_scan32 that also tells whether an element counted as zero had any bit set (a float's -0.0
+ * under the mask 0x7FFFFFFF): *odd = the OR of the raw bits of every element with (x & mask) == 0.
+ * The result keeps a float's zeros only where *odd == 0 (then every zero is +0.0); the extra test
+ * runs on each 64-element group while it is in L1 (no second pass over the input). */
+static inline void odd_tail(const uint32_t *x, int64_t from, int64_t n, uint32_t mask, uint32_t *odd) {
+    for (int64_t i = from; i < n; i++)
+        if ((x[i] & mask) == 0)
+            *odd |= x[i];
+}
+
+static inline uint64_t group_bits_scalar_z(const uint32_t *p, uint32_t mask, uint32_t *odd) {
+    uint64_t b = 0;
+    uint32_t o = 0;
+    for (int i = 0; i < 64; i++) {
+        const uint32_t nz = (p[i] & mask) != 0;
+        b |= (uint64_t)nz << i;
+        o |= nz ? 0u : p[i];
+    }
+    *odd |= o;
+    return b;
+}
+
+HOMAGG_POPCNT static int64_t scan32z_scalar(const uint32_t *x, int64_t n, uint32_t mask, uint64_t *words, int64_t cap,
+                                            int64_t *pos, uint32_t *vals, int64_t *listed, uint32_t *odd) {
+    HOMAGG_SCAN_BODY(group_bits_scalar_z(p, mask, odd))
+}
+
+#ifdef HOMAGG_X86
+__attribute__((target("avx2,popcnt"))) static inline uint64_t group_bits_avx2_z(const uint32_t *p, __m256i m,
+                                                                                uint32_t *odd) {
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i o = zero;
+    uint64_t b = 0;
+    for (int i = 0; i < 8; i++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 8 * i));
+        const __m256i z = _mm256_cmpeq_epi32(_mm256_and_si256(raw, m), zero);
+        const uint32_t is_zero = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(z));
+        b |= (uint64_t)(~is_zero & 0xFFu) << (8 * i);
+        o = _mm256_or_si256(o, _mm256_and_si256(z, raw));
+    }
+    if (!_mm256_testz_si256(o, o))
+        *odd |= 1u;
+    return b;
+}
+
+__attribute__((target("avx2,popcnt"))) static int64_t scan32z_avx2(const uint32_t *x, int64_t n, uint32_t mask,
+                                                                   uint64_t *words, int64_t cap, int64_t *pos,
+                                                                   uint32_t *vals, int64_t *listed, uint32_t *odd) {
+    const __m256i m = _mm256_set1_epi32((int)mask);
+    HOMAGG_SCAN_BODY(group_bits_avx2_z(p, m, odd))
+}
+#endif
+
+int64_t homagg_scan32z(const uint32_t *x, int64_t n, uint32_t mask, uint64_t *words, int64_t cap, int64_t *pos,
+                       uint32_t *vals, int64_t *listed, uint32_t *odd) {
+    *odd = 0;
+    odd_tail(x, n / 64 * 64, n, mask, odd);
+#ifdef HOMAGG_X86
+    if (__builtin_cpu_supports("avx2"))
+        return scan32z_avx2(x, n, mask, words, cap, pos, vals, listed, odd);
+#endif
+    return scan32z_scalar(x, n, mask, words, cap, pos, vals, listed, odd);
+}
+
 /* Positions (ascending, int64) of the set bits of n 32-bit bitmap words; pos holds room for every
  * set bit plus 4 (scratch written past the end).  Returns how many were written; with pos NULL
  * only counts them.  Groups of 256 bits without a set bit are skipped with one test (sparse

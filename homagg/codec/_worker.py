@@ -96,8 +96,10 @@ class Worker(Decoding):
         if self._idx is None:
             assert self.flat is not None
             # the values and the packed bitmap come with the scan (each chunk still in cache)
-            self._idx, raw, self._bitmap = _hostops.nonzeros_and_bitmap(self.flat, self.nnz_hint)
+            odd: list[int] = []
+            self._idx, raw, self._bitmap = _hostops.nonzeros_and_bitmap(self.flat, self.nnz_hint, odd)
             self._raw = raw.to(torch.float64) if self.is_float else raw
+            self.plain_zeros = odd == [0]  # the scan saw no -0.0: an in-place result needs no fill
         return self._idx
 
     @property

@@ -10,7 +10,6 @@ the statistics and the history records are equal; the results are within the flo
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import pytest
@@ -19,7 +18,7 @@ import torch
 import homagg
 from homagg.codec import CodecConfig
 from homagg.codec._schemes import protocol
-from homagg.testing import check_within_bound
+from homagg.testing import check_within_bound, on_threads
 
 World = list[tuple[torch.Tensor, homagg.WorkerStats, dict[str, object]]]
 
@@ -64,29 +63,19 @@ def _calls(call: Callable[..., torch.Tensor], inputs: list[list[torch.Tensor]], 
     histories = [homagg.History() for _ in range(world)]
     out: list[World] = []
     for xs in inputs:
-        rows: World = [None] * world  # type: ignore[list-item]
-        errors: list[BaseException] = []
 
-        def work(r: int, xs: list[torch.Tensor] = xs, rows: World = rows) -> None:
+        def work(r: int, xs: list[torch.Tensor] = xs) -> tuple[torch.Tensor, homagg.WorkerStats, dict[str, object]]:
             stats = homagg.WorkerStats()
             ports[r].rounds = []
             try:
                 result = call(xs[r].clone(), ports[r], scheme, stats, histories[r], cfg)
-            except BaseException as exc:  # noqa: BLE001 - re-raised below
-                errors.append(exc)
+            except BaseException as exc:  # noqa: BLE001 - the others must not wait for this one
                 switch.fail(exc)
-                return
+                raise
             entry = histories[r].get(("k", xs[r].numel(), xs[r].dtype, world, cfg.block_size))
-            rows[r] = (result, stats, {"rounds": ports[r].rounds, "history": entry})
+            return result, stats, {"rounds": ports[r].rounds, "history": entry}
 
-        threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        if errors:
-            raise errors[0]
-        out.append(rows)
+        out.append(on_threads(work, world, timeout=120))
     return out
 
 

@@ -36,8 +36,11 @@ def allreduce(
 
     Returns a new tensor of the same shape, dtype and device (for a sparse COO input, a coalesced
     COO tensor of the same layout; its nonzeros travel, never a dense copy).  Floats are summed on the agreed
-    fixed-point grid (error bound in :mod:`homagg.codec._fixedpoint`); integers exactly.  Every scheme
-    gives bit-identical results.  ``options`` are :class:`CodecConfig` fields (or pass ``config``).
+    fixed-point grid (error bound in :mod:`homagg.codec._fixedpoint`); integers exactly.  Every rank
+    gets the same bits.  Every scheme gives bit-identical results on a first call and with
+    ``guess_window=False``; a steady call under the default guess window may sum on a grid up to
+    ``slack`` bits coarser where dense and sketch quantise under the guess and compact does not
+    (docs/design.md, "The guess window").  ``options`` are :class:`CodecConfig` fields (or pass ``config``).
     Raises :class:`NonFiniteError` before sending anything if the input holds NaN/Inf.
 
     ``history`` (one :class:`History` per worker, used by every worker the same way) lets a

@@ -20,6 +20,8 @@ chunk; ``rto`` never shrinks on a timeout.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .._errors import ConfigError
 
 __all__ = ["RtoEstimator", "MIN_RTO_S", "INITIAL_RTO_S", "MAX_RTO_S", "GRANULARITY_S"]
@@ -47,17 +49,11 @@ class RtoEstimator:
 
     def sample(self, r: float) -> None:
         """Take one RTT measurement (seconds) of a chunk sent exactly once (Karn's rule)."""
-        if self.srtt is None:
-            self.srtt, self.rttvar = r, r / 2
-        else:
-            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - r)
-            self.srtt = 0.875 * self.srtt + 0.125 * r
-        self.samples += 1
-        self.rto = min(self.max_rto, max(self.min_rto, self.srtt + max(self.granularity, 4 * self.rttvar)))
+        self.take((r,))
 
-    def take(self, rs: list[float]) -> None:
-        """:meth:`sample` of each of ``rs`` in order (the same arithmetic, so the same state bit for
-        bit), in one call: the native round loop hands its RTT samples over so."""
+    def take(self, rs: Sequence[float]) -> None:
+        """Take RTT measurements ``rs`` in order (each as :meth:`sample` takes one), in one call: the
+        native round loop hands its RTT samples over so."""
         if not rs:
             return
         srtt, rttvar = self.srtt, self.rttvar

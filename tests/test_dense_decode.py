@@ -1,9 +1,11 @@
-"""A steady dense float32 call's decode on the CPU (:meth:`homagg.codec._decoding.Decoding._dense_native32`):
-the native kernel on the tensors' addresses under decode factors kept per exponent set
+"""A steady dense float32 call's decode on the CPU: the native float32 path of
+:func:`homagg.codec._blocks.dequantize_into` (what :meth:`homagg.codec._decoding.Decoding.dense_result`
+calls), the kernel on the tensors' addresses under decode factors kept per exponent set
 (:func:`homagg.codec._host_factors.decode_factors32_kept`).  Oracles: each value's exact float64
 product ``sum * 2**(E - P)`` rounded once to float32 (+0.0 for a zero sum, whatever the target held),
-the torch path of :func:`homagg.codec._blocks.dequantize_into`, and the decode as it was before
-(the general path) in whole in-place all_reduce calls."""
+and the torch path of :func:`~homagg.codec._blocks.dequantize_into` (the native kernels off: what
+every device tensor, and every CPU tensor without them, takes), also in whole in-place all_reduce
+calls."""
 
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ import torch
 import homagg
 from homagg.codec import History, _fixedpoint, _host_factors, _native
 from homagg.codec._config import CodecConfig
-from homagg.codec._decoding import Decoding
 from homagg.codec._worker import Worker
 from homagg.testing import on_threads
 from homagg.transport import InProcessSwitch
@@ -57,6 +58,14 @@ def _decode(x: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, world: int,
     return out, w.union
 
 
+def _torch_decode(x: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, world: int,
+                  inplace: bool) -> tuple[torch.Tensor, int]:
+    """:func:`_decode` with the native kernels off: dequantize_into's torch path."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_native, "AVAILABLE", False)
+        return _decode(x, sums, exps, world, inplace)
+
+
 @pytest.fixture
 def native_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the steady path's kernel calls (the real kernel runs)."""
@@ -75,8 +84,8 @@ def native_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 @pytest.mark.parametrize("n", [65536, 65536 * 4 + 37, 1000, 1])
 def test_steady_decode_is_exact_and_kept_factors_follow_exponents_and_world(n: int, native_calls: list[int]) -> None:
     """The same exponent bytes under worlds 2, 4, 3 (three precisions), then other exponents, then
-    the first again: each result is the exact one, +0.0 where the sum is zero (the target held
-    -0.0 there), the union counted; every decode took the native path."""
+    the first again: each result is the exact one and the torch path's, +0.0 where the sum is zero
+    (the target held -0.0 there), the union counted; every decode took the native path."""
     sums, exps = _case(n, n, 2)
     other_sums, other_exps = _case(n + 1, n, 2)
     order = [(sums, exps, 2), (sums, exps, 4), (sums, exps, 3), (other_sums, other_exps, 4), (sums, exps, 2),
@@ -88,6 +97,8 @@ def test_steady_decode_is_exact_and_kept_factors_follow_exponents_and_world(n: i
         want = _exact(s, e, world)
         assert _bits(out) == _bits(want), (i, world)
         assert union == int(torch.count_nonzero(s))
+        torch_out, torch_union = _torch_decode(torch.full((n,), -0.0), s, e.clone(), world, inplace)
+        assert _bits(out) == _bits(torch_out) and union == torch_union, (i, world)
         zero = s.reshape(-1) == 0
         assert bool(zero.any()) and set(out[zero].view(torch.int32).tolist()) == {0}  # +0.0, never -0.0
     assert native_calls == [n] * len(order)
@@ -95,15 +106,18 @@ def test_steady_decode_is_exact_and_kept_factors_follow_exponents_and_world(n: i
 
 @needs_native
 def test_steady_decode_declines_what_it_cannot_take(native_calls: list[int]) -> None:
-    """Sums that are not one contiguous int32 word per element (a strided view), and exponents
-    whose ``E - P`` leaves float32's range (the float64 decoding), go the general way: the same
-    values as the torch path and the exact oracle."""
+    """Sums that are not one contiguous int32 word per element (a strided view, as (n, 1) and
+    flat), and exponents whose ``E - P`` leaves float32's range (the float64 decoding), are not
+    the native kernel's: the torch path's values, the exact oracle's."""
     n, world = 5000, 2
     sums, exps = _case(3, n, world)
     strided = torch.stack([sums.reshape(-1), torch.full((n,), 12345, dtype=torch.int32)], 1)[:, :1]
-    assert not strided.is_contiguous()
-    out, union = _decode(torch.full((n,), -0.0), strided, exps, world, True)
-    assert _bits(out) == _bits(_exact(sums, exps, world)) and union == int(torch.count_nonzero(sums))
+    for view in (strided, strided.reshape(-1)):
+        assert not view.is_contiguous()
+        out, union = _decode(torch.full((n,), -0.0), view, exps, world, True)
+        assert _bits(out) == _bits(_exact(sums, exps, world)) and union == int(torch.count_nonzero(sums))
+        torch_out, _ = _torch_decode(torch.full((n,), -0.0), view, exps, world, True)
+        assert _bits(out) == _bits(torch_out)
     far = exps.clone()
     far[0] = -120  # E - P = -150: below float32's normal range (a subnormal result)
     small = sums.clone()
@@ -112,9 +126,7 @@ def test_steady_decode_declines_what_it_cannot_take(native_calls: list[int]) -> 
     out, _ = _decode(torch.full((n,), -0.0), small, far, world, False)
     assert _bits(out) == _bits(_exact(small, far, world))
     assert native_calls == []
-    with pytest.MonkeyPatch.context() as mp:  # the torch path (every device tensor's) agrees
-        mp.setattr(_native, "AVAILABLE", False)
-        torch_out, _ = _decode(torch.full((n,), -0.0), small, far, world, False)
+    torch_out, _ = _torch_decode(torch.full((n,), -0.0), small, far, world, False)
     assert _bits(torch_out) == _bits(out)
 
 
@@ -159,11 +171,11 @@ def test_address_kernel_checks_the_factor_count() -> None:
 
 @needs_native
 @pytest.mark.parametrize("world", [2, 4])
-def test_steady_inplace_all_reduce_equals_the_general_decode(world: int, native_calls: list[int],
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_steady_inplace_all_reduce_equals_the_torch_path(world: int, native_calls: list[int],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Whole in-place dense calls (a first call, then steady ones under the kept factors): every
-    rank's result equals, bit for bit, the same calls decoded by the general path; elements that
-    cancel are +0.0 though every input held -0.0 or x and -x there."""
+    rank's result equals, bit for bit, the same calls with the native kernels off (the torch
+    decode); elements that cancel are +0.0 though every input held -0.0 or x and -x there."""
     n = 3 * BLOCK + 100
     g = torch.Generator().manual_seed(world)
     base = [torch.randn(n, generator=g) * (1 + r) for r in range(world)]
@@ -190,9 +202,10 @@ def test_steady_inplace_all_reduce_equals_the_general_decode(world: int, native_
         return on_threads(rank, world)
 
     got = run()
-    assert native_calls, "the steady decode did not run"
-    monkeypatch.setattr(Decoding, "_dense_native32", lambda self, out, sums: None)  # the general path
+    assert len(native_calls) == 4 * world, "a call's decode did not take the native kernel"
+    monkeypatch.setattr(_native, "AVAILABLE", False)  # the torch path, the whole call (every device tensor's)
     want = run()
+    assert len(native_calls) == 4 * world
     for rank_got, rank_want in zip(got, want, strict=True):
         for a, b in zip(rank_got, rank_want, strict=True):
             assert _bits(a) == _bits(b)

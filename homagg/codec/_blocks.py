@@ -188,18 +188,28 @@ def dequantize_into(out: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, w
     float32 path: int32 -> float32 rounds once (to nearest even) and the power-of-two scaling is
     exact, which is the same single rounding as the float64 path; other cases use float64.
     ``float32_path``: :func:`decodes_in_float32`'s value where the caller read it already.
+
+    The one native float32 decode (contiguous CPU tensors, one word per element, every ``E - P``
+    in float32's range): ``homagg_dequantize32`` on the tensors' addresses under the factors kept
+    per exponent set (:func:`homagg.codec._host_factors.decode_factors32_kept`: a steady call's
+    agreed exponents repeat, so it builds no factor array, numpy view or ``ctypes.data`` per
+    call); everything else takes the torch code below, as every device tensor does.
     """
-    host = (_host_factors.host_exponents(exps) if out.dtype == torch.float32 and sums.dtype == torch.int32
-            and _native_float32(out, sums) else None)
-    if host is not None:  # the native kernels, their factors computed in numpy (bit for bit the torch code's)
+    # _native_float32(out, sums) with the exponents on the host, spelt out (a steady call's decode asks
+    # it every call: the generator and device object cost ~1 us there, ~3 us in a rank's cold caches)
+    if (_native.AVAILABLE and out.dtype == torch.float32 and sums.dtype == torch.int32 and exps.is_cpu
+            and out.is_cpu and sums.is_cpu and out.is_contiguous() and sums.is_contiguous() and not out.requires_grad):
+        host = exps.numpy()  # the native kernels, their factors computed in numpy (bit for bit the torch code's)
         p = precision_bits(world_size, words)
         if words == 2 and _native.WIDE:
             f1, f2 = _host_factors.decode_factors64(host, p)
             return _native.dequantize_wide(sums.numpy(), block_size, f1, f2, out.numpy())
-        if words == 1 and float32_path is not False:
-            factor = _host_factors.decode_factors32(host, p)
-            if factor is not None:
-                return _native.dequantize32(sums.numpy(), block_size, factor, out.numpy())
+        if words == 1 and float32_path is not False and sums.numel() == out.numel():
+            kept = _host_factors.decode_factors32_kept(host, p)  # a steady call's exponents repeat
+            if kept is not None:  # the kernel on the tensors' addresses: no numpy views per call
+                factor, address = kept
+                return _native.dequantize32_at(sums.data_ptr(), out.data_ptr(), out.numel(), block_size,
+                                               address, factor.size)
             float32_path = False  # some block's E - P is outside float32's range: float64 below
     shift = _decode_shift(exps, world_size, words)
     if words == 2:

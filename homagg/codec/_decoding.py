@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from . import _bitmap, _blocks, _fixedpoint, _host_factors, _hostops, _native, _sparse
+from . import _bitmap, _blocks, _fixedpoint, _hostops, _sparse
 from ._config import CodecConfig
 
 __all__ = ["Decoding"]
@@ -79,12 +79,10 @@ class Decoding:
         counted = None  # the native float32 kernels count the nonzero sums while they decode them
         if self.is_float:
             assert self.exponents is not None
-            if self.limbs == 1 and self.dtype == torch.float32 and not self.device_path:
-                counted = self._dense_native32(out, sums)
-            if counted is None:
-                path = known.get("float32_path")
-                counted = _blocks.dequantize_into(out, sums.reshape(-1), self.exponents, self.world_size,
-                                                  self.cfg.block_size, None if path is None else bool(path), self.limbs)
+            path = known.get("float32_path")
+            counted = _blocks.dequantize_into(out, sums if sums.dim() == 1 else sums.reshape(-1), self.exponents,
+                                              self.world_size, self.cfg.block_size,
+                                              None if path is None else bool(path), self.limbs)
         else:
             out.copy_(_fixedpoint.from_limbs(sums.reshape(-1, self.limbs), self.dtype))
         if "union" in known:
@@ -93,26 +91,6 @@ class Decoding:
             self.union = counted if counted is not None else int(
                 torch.count_nonzero(sums.reshape(-1, self.limbs).any(dim=1) if self.limbs > 1 else sums))
         return out
-
-    def _dense_native32(self, out: torch.Tensor, sums: torch.Tensor) -> int | None:
-        """A CPU float32 dense result decoded by the native kernel straight from the tensors'
-        addresses, under the factors kept for these exponents (a steady call's agreed exponents
-        repeat): what :func:`homagg.codec._blocks.dequantize_into` computes, bit for bit, without its
-        per-call factor arrays, numpy views and reshape.  Returns the count of nonzero sums, or None
-        where it does not apply (no native kernels, sums not contiguous CPU int32 of every
-        element, a block's ``E - P`` outside float32's range): the caller then takes that path.
-        ``out``: contiguous CPU float32 of :attr:`numel` elements (the target, or a fresh tensor)."""
-        exps = self.exponents
-        assert exps is not None and out.dtype == torch.float32
-        if not (_native.AVAILABLE and sums.is_cpu and exps.is_cpu and sums.dtype == torch.int32
-                and sums.is_contiguous() and out.is_contiguous() and sums.numel() == self.numel == out.numel()):
-            return None
-        kept = _host_factors.decode_factors32_kept(exps.numpy(), _fixedpoint.precision_bits(self.world_size))
-        if kept is None:
-            return None
-        factor, address = kept
-        return _native.dequantize32_at(sums.data_ptr(), out.data_ptr(), self.numel, self.cfg.block_size,
-                                       address, factor.size)
 
     def result_at_bits(self, words: torch.Tensor, sums: torch.Tensor, in_range: bool | None = None) -> torch.Tensor:
         """:meth:`result` at the set bits of the OR-combined bitmap ``words`` (``sums``: one row

@@ -27,7 +27,8 @@ import switch_emulator
 from switch_emulator.embedded import RunningSwitch
 from homagg.codec import History, _descriptor
 from homagg.testing import on_threads
-from homagg.transport import CheckOnce, GlooSwitchPort, InProcessSwitch, SwitchPort
+from homagg.torch._fallback import PathPort
+from homagg.transport import CheckOnce, GlooSwitchPort, InProcessSwitch, SwitchPort, UdpSwitchPort
 from tests.test_transport_rto import LOOPS
 from tests.test_transport_small_rounds import _gloo_groups
 from tests.test_transport_verify_once import _raised, path_ports_over_udp, udp_ports
@@ -91,9 +92,9 @@ def _check_once_per_call(ports: list[SwitchPort], checks: Checks) -> None:
     def rank(r: int) -> tuple[list[torch.Tensor], list[int]]:
         me, history, outs, per_call = threading.get_ident(), History(), [], []
         for i, (scheme, _, _) in enumerate(CALLS):
-            before = checks[me]
+            before = checks[me] + native_agreements(ports[r])
             outs.append(homagg.allreduce(xs[r][i], ports[r], scheme=scheme, history=history, key=i % 3))
-            per_call.append(checks[me] - before)
+            per_call.append(checks[me] + native_agreements(ports[r]) - before)
         return outs, per_call
 
     results = on_threads(rank, world)
@@ -132,6 +133,13 @@ def _check_mismatch(ports: list[SwitchPort], checks: Checks) -> None:
     assert max(counts) == 1 and sum(counts) >= 1, counts
 
 
+def native_agreements(port: SwitchPort) -> int:
+    """Descriptors the native datapath found in agreement in C (:class:`~homagg.transport.AgreementCheck`:
+    then no Python check runs): the UDP port's ``agreements`` (a path port's switch port's)."""
+    udp = port.link.port if isinstance(port, PathPort) else port
+    return udp.stats["agreements"] if isinstance(udp, UdpSwitchPort) else 0
+
+
 def test_in_process_switch_checks_once(checks: Checks) -> None:
     switch = InProcessSwitch(2, timeout=30)
     _check_once_per_call([switch.port(r) for r in range(2)], checks)
@@ -151,6 +159,10 @@ def test_udp_port_checks_once(switch: RunningSwitch, checks: Checks, native: boo
     with udp_ports(switch, 2, native, **_JOB) as ports:
         _check_once_per_call(list(ports), checks)
         assert checks.kinds == {np.ndarray}  # the port's early verify: its host words, no tensor made
+        agreed = [p.stats["agreements"] for p in ports]
+        # the native loop judges every call's descriptor in C (the mismatch's check runs in Python);
+        # the Python loop calls the check on every one
+        assert agreed == ([len(CALLS)] * 2 if ports[0].native else [0, 0]), agreed
 
 
 @pytest.mark.parametrize("path", ["switch", "host"])

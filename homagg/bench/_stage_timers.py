@@ -33,6 +33,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "port: streams to chunk table, buffers, round set-up": (
         "homagg.transport._udp:UdpSwitchPort.combine", "homagg.transport._udp:UdpSwitchPort._run",
         "homagg.transport._udp:UdpSwitchPort.combine_arrays", "homagg.transport._roundplan:RoundPlan.run",
+        "homagg.transport._udp:UdpSwitchPort.own_round", "homagg.transport._roundplan:PlanRound.run",
         "homagg.transport._roundloop:chunk_table", "homagg.transport._roundloop:RoundLoop.__init__",
         "homagg.transport._fastpath:NativeDatapath.__init__", "homagg.transport._fastpath:NativeRound.__init__",
         "homagg.transport._roundloop:RoundLoop.finish"),
@@ -47,6 +48,7 @@ STAGES: dict[str, tuple[str, ...]] = {
         "homagg.codec._descriptor:check"),
     "protocol glue (generators, codec.allreduce, path port)": (
         "homagg.codec._protocol:allreduce", "homagg.torch._fallback:PathPort.combine",
+        "homagg.torch._fallback:PathPort.own_round", "homagg.torch._path_round:PathRound.run",
         "homagg.torch._fallback:PathPort.at_call_boundary", "homagg.torch._fallback:PathPort.end_call",
         "homagg.torch._process_group:ProcessGroupHomagg._codec_allreduce", "homagg.torch._work:FifoWorker._run"),
     "completion: Work._complete (futures, events); inline: CompletedWork": (
@@ -54,8 +56,8 @@ STAGES: dict[str, tuple[str, ...]] = {
         "homagg.torch._work:CompletedWork.wait"),
     "small path: codec (values, exponent, guess, quantise, decode, history)": (
         "homagg.codec._small:allreduce", "homagg.codec._small:_float_call", "homagg.codec._small:_int_call",
-        "homagg.codec._small:_local_exponent", "homagg.codec._small:_quantize", "homagg.codec._small:_dequantize",
-        "homagg.codec._small:_Call.round", "homagg.codec._descriptor:words"),
+        "homagg.codec._small:_Steady.call", "homagg.codec._small:local_exponent", "homagg.codec._small:quantize",
+        "homagg.codec._small:dequantize", "homagg.codec._small:_Call.round", "homagg.codec._descriptor:words"),
 }
 TOTAL = "total (median call, caller's wall)"
 #: wrapped for the gaps and the caller's CPU, not summed (the caller waits there while the worker runs)

@@ -31,10 +31,10 @@ import torch
 
 from ._config import SCHEMES
 from .._errors import ProtocolError, RankMismatchError
-from ..transport import Stream
+from ..transport import AgreementCheck, Stream
 from ..wire import CombineOp
 
-__all__ = ["NAME", "FIELDS", "LENGTH", "SPARE", "describe", "words", "check"]
+__all__ = ["NAME", "FIELDS", "LENGTH", "SPARE", "AGREEMENT", "describe", "words", "check"]
 
 NAME = "descriptor"
 #: descriptor fields, in stream order (each a non-negative int31; 62-bit values take two fields)
@@ -132,3 +132,10 @@ def check(combined: torch.Tensor | np.ndarray) -> None:
         "ranks disagree about this all_reduce: " + "; ".join(parts)
         + " (min .. max over ranks; every rank must call all_reduce on tensors of the same size and "
           "dtype, in the same order, with the same options)")
+
+
+#: :func:`check` as a round's ``verify`` that a port may judge itself (each field is MAX-combined as
+#: itself and as its complement: the ranks agree exactly when word ``i`` is the complement of word
+#: ``len(FIELDS) + i``; the native datapath checks that in C and calls :func:`check` only where it
+#: fails, for the message)
+AGREEMENT = AgreementCheck(lambda combined: check(combined), len(FIELDS))  # this module's check when called

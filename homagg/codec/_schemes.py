@@ -121,7 +121,7 @@ def drive(w: Worker, port: SwitchPort, scheme: str, stats: WorkerStats, history:
         first = next(body)
     except StopIteration as stop:  # a protocol that needed no round
         return _done(stop.value, w, history, slot, prior)
-    once = CheckOnce(_descriptor.check)
+    once = CheckOnce(_descriptor.AGREEMENT)
     value = _first_results(port.combine(_head_round(w, scheme, stats, first, once)), once)
     while True:
         try:
@@ -170,7 +170,7 @@ def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats, histo
         first = next(body)
     except StopIteration as stop:  # a protocol that needed no round
         return _done(stop.value, w, history, slot, prior)
-    once = CheckOnce(_descriptor.check)
+    once = CheckOnce(_descriptor.AGREEMENT)
     value = _first_results((yield _head_round(w, scheme, stats, first, once)), once)
     while True:
         try:

@@ -13,7 +13,11 @@ block_size`` (one exponent block) and scheme ``auto`` or ``dense`` takes this pa
   integers; the decoded float64 value is rounded to the dtype by the same torch conversion);
 * a round is at most two host streams through :meth:`~homagg.transport.SwitchPort.combine_arrays`:
   one MAX stream of :data:`~homagg.codec._descriptor.LENGTH` words (the call descriptor, then the
-  block's fresh exponent and negated guess in its two spare words) and one ADD stream of values.
+  block's fresh exponent and negated guess in its two spare words) and one ADD stream of values;
+  a steady call (:class:`_Steady`) writes them into the port's own arrays where it keeps them
+  (:meth:`~homagg.transport.SwitchPort.own_round`: no copies, checks or new arrays), and the
+  descriptor goes as :data:`~homagg.codec._descriptor.AGREEMENT`, which the native datapath
+  judges in C (the Python check runs only where ranks disagree, for its message).
 
 Rounds (``L`` words per value, ``n`` elements):
 
@@ -40,25 +44,24 @@ recorded ``union`` counts nonzero sums, as dense does.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Sequence
 from functools import lru_cache
 
 import numpy as np
 import torch
 
-from .._errors import NonFiniteError
 from ..transport import SwitchPort
 from ..wire import CombineOp
 from . import _descriptor
 from ._config import CodecConfig
-from ._fixedpoint import EMPTY_EXPONENT, float_words, from_limbs, guess_slack, precision_bits
+from ._fixedpoint import float_words, from_limbs
 from ._history import Agreed, History
+from ._small_grid import (EMPTY, changed_figure, dequantize, exponent_tensor, grid, local_exponent, nonzero_rows,
+                          previous_exponent, quantize)
 from ._stats import WorkerStats
 
 __all__ = ["takes", "allreduce"]
 
-EMPTY = EMPTY_EXPONENT
 _FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
 _INTS = frozenset({torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64})
 #: dtypes whose result a CPU tensor's numpy view takes directly (float16/bfloat16 go through torch's
@@ -67,10 +70,6 @@ _NUMPY = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torc
 _OPS = (CombineOp.MAX, CombineOp.ADD)
 _MAX_ONLY = (CombineOp.MAX,)
 _ADD_ONLY = (CombineOp.ADD,)
-#: 1-element int32 exponent tensors for the history, one per exponent (never mutated)
-_EXPONENTS: dict[int, torch.Tensor] = {}
-#: ... and their values, by the tensor's id (the tensors above live as long as the module)
-_VALUES: dict[int, int] = {}
 
 
 def takes(tensor: torch.Tensor, scheme: str, cfg: CodecConfig, world_size: int) -> bool:
@@ -104,22 +103,16 @@ def _never_compact(n: int, limbs: int, bandwidth_gbps: float, rtt_us: float, den
     return _bitmap_cost_of(n, 0.0, bandwidth_gbps, rtt_us, bitmap_levels)[0] >= dense
 
 
-def _exponent_tensor(e: int) -> torch.Tensor:
-    t = _EXPONENTS.get(e)
-    if t is None:
-        t = _EXPONENTS[e] = torch.tensor([e], dtype=torch.int32)
-        _VALUES[id(t)] = e
-    return t
-
-
 def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecConfig, stats: WorkerStats,
               inplace: bool, history: History | None, key: Hashable) -> torch.Tensor:
     """The exact SUM of ``tensor`` over the workers behind ``port`` (see the module docstring);
     ``inplace``: written into ``tensor``, which is returned."""
     dtype, n, world = tensor.dtype, tensor.numel(), port.world_size
     view: np.ndarray | None = None  # a contiguous CPU tensor's own memory, when numpy can hold its dtype
-    if dtype in _NUMPY and tensor.device.type == "cpu" and tensor.is_contiguous():
-        view = tensor.detach().numpy().reshape(-1)
+    if dtype in _NUMPY and tensor.is_cpu and tensor.is_contiguous():
+        view = (tensor.detach() if tensor.requires_grad else tensor).numpy()
+        if view.ndim != 1:
+            view = view.reshape(-1)
         host: torch.Tensor | np.ndarray = view
     else:
         flat = tensor.detach().reshape(-1)
@@ -127,22 +120,31 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
     slot = (key, n, dtype, world, cfg.block_size)
     prior = history.get(slot) if history is not None else None
     stats.schemes["dense"] += 1
-    call = _Call(port, stats, n, dtype, scheme, world)
     if dtype in _FLOATS:
-        call.limbs = float_words(cfg.precision, world)
+        limbs = float_words(cfg.precision, world)
         values = host.tolist() if n <= _SCALAR else (
             host.astype(np.float64) if view is not None else host.to(torch.float64).numpy())
-        out, exponents, changed = _float_call(call, values, cfg, prior)
+        previous = previous_exponent(prior)
+        if previous is not None and prior is not None and min(prior.changed, prior.changed_before) * n * limbs <= 1:
+            # steady: quantise under the guess (``_schemes._guess_pays`` for one block)
+            steady = _steady(n, dtype, scheme, world, limbs, cfg.guess_window)
+            out, exponents, changed, union = steady.call(port, stats, values, previous)
+        else:
+            call = _Call(port, stats, n, dtype, scheme, world)
+            call.limbs = limbs
+            out, exponents, changed = _float_call(call, values, cfg, previous)
+            union = call.union
     else:
+        call = _Call(port, stats, n, dtype, scheme, world)
         call.limbs = 4 if dtype == torch.int64 else 2
         values = host.tolist() if n <= _SCALAR else (
             host.astype(np.int64) if view is not None else host.to(torch.int64).numpy())
         out = _int_call(call, values, dtype)
-        exponents, changed = None, 0.0
+        exponents, changed, union = None, 0.0, call.union
     if history is not None:
         before = prior.changed if prior is not None else 0.0
-        if not _same(prior, exponents, call.union, changed, before):
-            history.put(slot, Agreed(exponents, call.union, changed, 0, before))
+        if not _same(prior, exponents, union, changed, before):
+            history.put(slot, Agreed(exponents, union, changed, 0, before))
     if inplace and view is not None:
         view[:] = out  # numpy's float64 -> float32 cast rounds as torch's copy_ does (C's cast)
         return tensor
@@ -199,7 +201,7 @@ class _Call:
             head[-1] = EMPTY if negated_guess is None else negated_guess
             arrays.append(head)
             stats.bytes_per_stream[_descriptor.NAME] += 4 * _descriptor.LENGTH
-            verify = _descriptor.check
+            verify = _descriptor.AGREEMENT
         if words is not None:
             arrays.append(words)
             stats.bytes_per_stream[name] += 4 * words.size
@@ -212,7 +214,7 @@ class _Call:
             spare = combined[0][-_descriptor.SPARE:].tolist()
         sums = combined[-1] if words is not None else _NONE
         if words is not None:
-            self.union = _nonzero_rows(sums, self.limbs)
+            self.union = nonzero_rows(sums, self.limbs)
         return spare, sums
 
 
@@ -231,106 +233,82 @@ _NONE = np.zeros(0, dtype=np.int32)
 
 # ---------------------------------------------------------------------------------------- floats
 def _float_call(call: _Call, values: list[float] | np.ndarray, cfg: CodecConfig,
-                prior: Agreed | None) -> tuple[list[float] | np.ndarray, torch.Tensor, float]:
-    """Mirror of the general dense protocol for one block (``_schemes._first_call``/``_steady``,
-    :class:`~homagg.codec._worker.Worker`'s guess, settle and redo); returns the values, the
-    agreed exponent (one of :data:`_EXPONENTS`) and the ``changed`` figure to record."""
-    local = _local_exponent(values)
+                previous: int | None) -> tuple[list[float] | np.ndarray, torch.Tensor, float]:
+    """Mirror of the general dense protocol's first call for one block (``_schemes._first_call``:
+    the exponent round, then the values under the agreed exponent; also a call with history whose
+    exponents keep moving); returns the values, the agreed exponent (a
+    :func:`~homagg.codec._small_grid.exponent_tensor`) and the ``changed`` figure to record
+    (:class:`_Steady` runs the steady calls)."""
+    local = local_exponent(values)
     limbs = call.limbs
-    p, limit, slack = _grid(call.world, limbs, call.dtype == torch.float64, cfg.guess_window)
-    raise_by = slack // 2
-    previous: int | None = None
-    held = prior.exponents if prior is not None else None
-    if held is not None:
-        previous = _VALUES.get(id(held))
-        if previous is None or _EXPONENTS.get(previous) is not held:  # not one of ours (ours hold one word)
-            previous = int(held[0]) if held.numel() == 1 else None
-    if previous is not None and prior is not None and min(prior.changed, prior.changed_before) * call.n * limbs <= 1:
-        # steady: quantise under the guess (``_schemes._guess_pays`` for one block)
-        raised = previous if previous == EMPTY else previous + raise_by
-        guess = EMPTY if local == EMPTY else max(raised, local)
-        (agreed, negated), sums = call.round(local, EMPTY if guess == EMPTY else -guess,
-                                             _quantize(values, guess, p, limit, limbs))
-        low = -negated
-        bad = agreed != EMPTY and (low < agreed or low > agreed + slack)
-        used = low if (agreed != EMPTY and not bad) else agreed
-        if bad:
-            call.stats.redos += 1
-            call.stats.redone += call.n
-            sums = call.round(None, None, _quantize(values, agreed, p, limit, limbs), "redo")[1]
-    else:
-        agreed = call.round(local, None, None)[0][0]
-        used = agreed
-        sums = call.round(None, None, _quantize(values, agreed, p, limit, limbs))[1]
-    changed = 0.0
-    if previous is not None and agreed != EMPTY and previous != EMPTY:  # _schemes._changed, one block
-        g = previous + raise_by
-        changed = 1.0 if (agreed > g or g > agreed + slack) else 0.0
-    return _dequantize(sums, used, p, limbs, isinstance(values, list)), _exponent_tensor(agreed), changed
+    p, limit, slack = grid(call.world, limbs, call.dtype == torch.float64, cfg.guess_window)
+    agreed = call.round(local, None, None)[0][0]
+    sums = call.round(None, None, quantize(values, agreed, p, limit, limbs))[1]
+    return dequantize(sums, agreed, p, limbs, isinstance(values, list)), exponent_tensor(agreed), \
+        changed_figure(previous, agreed, slack)
 
 
-@lru_cache(maxsize=256)
-def _grid(world: int, limbs: int, float64: bool, window: bool) -> tuple[int, int, int]:
-    """(P, clamp limit, guess slack) of a call (:func:`homagg.codec._blocks.quantize`'s limit: the
-    largest float32 below ``2**P`` where the work type is float32 and ``P > 24``)."""
-    p = precision_bits(world, limbs)
-    limit = (2**p - 1) if float64 or p <= 24 else 2**p - 2 ** (p - 24)
-    return p, limit, (guess_slack(world, limbs) if window else 0)
+class _Steady:
+    """A steady float call of one signature (:func:`_steady`): the general dense protocol's steady
+    call for one block (``_schemes._steady``; the Worker's guess, settle and redo) as one round
+    through the port, with the signature's constants (the grid, the descriptor) kept.
+    Invariant: the words sent, the rounds, the statistics and the results are :class:`_Call`'s
+    (the first round's descriptor and spare words, the ADD redo round), bit for bit."""
+
+    __slots__ = ("n", "limbs", "p", "limit", "slack", "raise_by", "head", "value_bytes", "lengths")
+
+    def __init__(self, n: int, dtype: torch.dtype, scheme: str, world: int, limbs: int, window: bool) -> None:
+        self.n, self.limbs = n, limbs
+        self.p, self.limit, self.slack = grid(world, limbs, dtype == torch.float64, window)
+        self.raise_by = self.slack // 2
+        self.head = _head(n, dtype, scheme, world, _descriptor.SPARE + n * limbs, limbs)  # copied per call
+        self.value_bytes = 4 * n * limbs
+        self.lengths = (_descriptor.LENGTH, n * limbs)
+
+    def call(self, port: SwitchPort, stats: WorkerStats, values: list[float] | np.ndarray,
+             previous: int) -> tuple[list[float] | np.ndarray, torch.Tensor, float, int]:
+        """One steady call (``previous``: the exponent the last call agreed); returns the values,
+        the agreed exponent (an :func:`~homagg.codec._small_grid.exponent_tensor`), ``changed`` and
+        the union count."""
+        local = local_exponent(values)
+        p, limit, limbs, slack = self.p, self.limit, self.limbs, self.slack
+        guess = EMPTY if local == EMPTY else max(previous if previous == EMPTY else previous + self.raise_by, local)
+        words = quantize(values, guess, p, limit, limbs)
+        stats.rounds += 1
+        sent = stats.bytes_per_stream
+        sent[_descriptor.NAME] += 4 * _descriptor.LENGTH
+        sent["values"] += self.value_bytes
+        own = port.own_round(_OPS, self.lengths)  # the port's own arrays, where it keeps them
+        head = self.head.copy() if own is None else own.ins[0]
+        if own is not None:
+            np.copyto(head, self.head)
+            np.copyto(own.ins[1], words)
+        head[-2] = local
+        head[-1] = EMPTY if guess == EMPTY else -guess
+        # either runs the descriptor's check on its combined words exactly once; the own round's
+        # results are read before the port's next round (the redo's shape has a plan of its own)
+        combined = port.combine_arrays(_OPS, [head, words], _descriptor.AGREEMENT) if own is None else own.run(
+            _descriptor.AGREEMENT)
+        agreed, negated = combined[0][-_descriptor.SPARE:].tolist()
+        sums = combined[1]
+        used = -negated
+        if agreed == EMPTY:
+            used = agreed
+        elif used < agreed or used > agreed + slack:  # a guess outside the window: redo under ``agreed``
+            stats.rounds += 1
+            stats.redos += 1
+            stats.redone += self.n
+            sent["redo"] += self.value_bytes
+            sums = port.combine_arrays(_ADD_ONLY, [quantize(values, agreed, p, limit, limbs)])[0]
+            used = agreed
+        return (dequantize(sums, used, p, limbs, isinstance(values, list)), exponent_tensor(agreed),
+                changed_figure(previous, agreed, slack), nonzero_rows(sums, limbs))
 
 
-def _local_exponent(values: list[float] | np.ndarray) -> int:
-    """frexp exponent of the largest |value| (EMPTY for all zeros); NonFiniteError for NaN/Inf."""
-    if isinstance(values, list):
-        peak = 0.0
-        for x in values:
-            a = abs(x)
-            if not a <= peak:
-                if a != a or a == math.inf:
-                    peak = math.nan
-                    break
-                peak = a
-    else:
-        peak = float(np.max(np.abs(values)))
-    if not math.isfinite(peak):
-        bad = sum(1 for v in values if not math.isfinite(v))
-        raise NonFiniteError(f"input holds {bad} non-finite value(s); nothing was sent")
-    return math.frexp(peak)[1] if peak else EMPTY
-
-
-def _quantize(values: list[float] | np.ndarray, exponent: int, p: int, limit: int, limbs: int) -> np.ndarray:
-    """int32 grid words of ``values`` under ``exponent`` (:func:`homagg.codec._blocks.quantize`):
-    each ``clamp(round(x * 2**(P - E)), +-limit)``, one word or the two limbs (low, high)."""
-    shift = 0 if exponent == EMPTY else p - exponent
-    if isinstance(values, list):
-        ldexp = math.ldexp
-        qs = [min(max(round(ldexp(x, shift)), -limit), limit) for x in values]
-        if limbs == 1:
-            return np.array(qs, dtype=np.int32)
-        return np.array([w for q in qs for w in (q & 0xFFFF, q >> 16)], dtype=np.int32)
-    q = np.clip(np.rint(np.ldexp(values, shift)), -limit, limit).astype(np.int64)
-    if limbs == 1:
-        return q.astype(np.int32)
-    return np.stack([q & 0xFFFF, q >> 16], axis=1).reshape(-1).astype(np.int32)
-
-
-def _dequantize(sums: np.ndarray, exponent: int, p: int, limbs: int, scalar: bool) -> list[float] | np.ndarray:
-    """float64 values ``sum * 2**(E - P)`` (exact: |sum| < 2**47), rounded once to the dtype by
-    the caller's conversion, as :func:`homagg.codec._blocks.dequantize_into`."""
-    shift = 0 if exponent == EMPTY else exponent - p
-    if scalar:
-        ldexp, s = math.ldexp, sums.tolist()
-        if limbs == 1:
-            return [ldexp(v, shift) for v in s]
-        return [ldexp(s[i + 1] * 65536 + s[i], shift) for i in range(0, len(s), 2)]
-    joined = sums.astype(np.float64) if limbs == 1 else sums[1::2].astype(np.float64) * 65536.0 + sums[0::2]
-    return np.ldexp(joined, shift)
-
-
-def _nonzero_rows(sums: np.ndarray, limbs: int) -> int:
-    """Elements with a nonzero combined word (the dense scheme's union count)."""
-    if limbs == 1:
-        return int(np.count_nonzero(sums))
-    return int(np.count_nonzero(sums.reshape(-1, limbs).any(axis=1)))
+@lru_cache(maxsize=1024)
+def _steady(n: int, dtype: torch.dtype, scheme: str, world: int, limbs: int, window: bool) -> _Steady:
+    """The kept :class:`_Steady` of a call signature (read-only once made)."""
+    return _Steady(n, dtype, scheme, world, limbs, window)
 
 
 # -------------------------------------------------------------------------------------- integers

@@ -67,9 +67,10 @@ import torch.distributed as dist
 
 from .._errors import HomAggError, PathWarning, ProtocolError, TransportError
 from ..codec import WorkerStats
-from ..transport import CombineOp, GlooSwitchPort, Stream, SwitchPort, VerifyOnce, array_streams, transport_error
+from ..transport import CombineOp, GlooSwitchPort, OwnRound, Stream, SwitchPort, VerifyOnce, array_streams, transport_error
 from ._comeback import GIVE_UP, TRY, ReturnSchedule, canary
-from ._link import SwitchLink
+from ._link import SwitchLink, close_quietly
+from ._path_round import PathRound
 
 __all__ = ["PathPort"]
 
@@ -120,6 +121,7 @@ class PathPort(SwitchPort):
         self._fallback_at = 0.0
         self._host_link = SwitchLink(self._host, "host")  # what :attr:`link` is on the host path
         self._closing: list[threading.Thread] = []  # closes of failed links, joined by close()
+        self._own_rounds: dict[int, PathRound] = {}  # own_round's wrappers, by id of the inner round
 
     # ------------------------------------------------------------------ rounds
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
@@ -133,6 +135,19 @@ class PathPort(SwitchPort):
                           list)  # as tensors only if a recovery broadcasts them (see _recover)
         out = [a if isinstance(a, np.ndarray) else a.numpy() for a in out]  # a fallback's are tensors
         return out if once is None else once.ensure(out)  # also where a fallback's recovery did not verify
+
+    def own_round(self, ops: tuple[CombineOp, ...], lengths: tuple[int, ...]) -> OwnRound | None:
+        """:meth:`SwitchPort.own_round` on the switch path: the link's port's, run through this
+        port's rounds (:class:`~homagg.torch._path_round.PathRound`; kept per inner round)."""
+        inner = self.link.port.own_round(ops, lengths) if self.path != "host" else None
+        if inner is None:
+            return None
+        held = self._own_rounds.get(id(inner))
+        if held is None or held.inner is not inner:
+            if len(self._own_rounds) >= 64:  # plans come and go with their ports: drop the stale ones
+                self._own_rounds.clear()
+            held = self._own_rounds[id(inner)] = PathRound(self, inner)
+        return held
 
     def _round(self, run: Callable[[SwitchPort], list[Any]], streams: Callable[[], Sequence[Stream]],
                as_tensors: Callable[[list[Any]], list[Any]]) -> list[Any]:
@@ -271,7 +286,7 @@ class PathPort(SwitchPort):
                                        "detect_s": round(detect_s, 4), "agree_s": round(agree_s, 4)})
         warnings.warn(f"homagg: the switch failed ({cause}); rank {self.rank} continues on the host path "
                       "(gloo), probing the switch", PathWarning, stacklevel=2)
-        self._closing.append(_close_quietly(dead))
+        self._closing.append(close_quietly(dead))
 
     def at_call_boundary(self) -> None:
         """Before each call: on the host path, go back to the switch when rank 0's schedule says
@@ -310,7 +325,7 @@ class PathPort(SwitchPort):
             self._allreduce(ok, dist.ReduceOp.MIN, "the canary round's verdict")
         if not ok[0]:
             if link is not None:
-                self._closing.append(_close_quietly(link))
+                self._closing.append(close_quietly(link))
             why = why or "re-admission or the canary round failed on another rank"
             self._returns.failed(time.monotonic(), why)
             self.stats.transitions.append({"at_call": self._calls, "from": "host", "to": "host", "cause": why,
@@ -380,20 +395,3 @@ class PathPort(SwitchPort):
 def _ranks_in(table: list[tuple[int, int]], state: int) -> list[int]:
     """The ranks whose agreement row has ``state``."""
     return [r for r, (s, _) in enumerate(table) if s == state]
-
-
-def _close_quietly(link: SwitchLink) -> threading.Thread:
-    """Close a link whose switch failed, off the caller's thread (removing its job from an unreachable
-    switch may wait for a connect timeout; its errors are dropped); the thread (:meth:`PathPort.close` joins it)."""
-
-    def run() -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                link.close()
-            except Exception:  # noqa: BLE001 - the switch is gone: nothing left to release
-                pass
-
-    thread = threading.Thread(target=run, name="homagg-close-failed-link", daemon=True)
-    thread.start()
-    return thread

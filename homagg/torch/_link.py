@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 from dataclasses import dataclass, field
 
 from ..transport import SwitchPort
 
-__all__ = ["SwitchLink", "port_closer", "await_ports_closed"]
+__all__ = ["SwitchLink", "port_closer", "await_ports_closed", "close_quietly"]
 
 
 @dataclass
@@ -76,3 +77,21 @@ def await_ports_closed(store: Any, key: str, size: int, bound_s: float) -> None:
             time.sleep(0.02)
     except RuntimeError:
         pass
+
+
+def close_quietly(link: SwitchLink) -> threading.Thread:
+    """Close a link whose switch failed, off the caller's thread (removing its job from an unreachable
+    switch may wait for a connect timeout; its errors are dropped); the thread (the fallback's
+    :meth:`~homagg.torch._fallback.PathPort.close` joins it)."""
+
+    def run() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                link.close()
+            except Exception:  # noqa: BLE001 - the switch is gone: nothing left to release
+                pass
+
+    thread = threading.Thread(target=run, name="homagg-close-failed-link", daemon=True)
+    thread.start()
+    return thread

@@ -62,7 +62,8 @@ from ._config import BackendConfig
 from ._creation import READY_KEY, arrive, creation_error, gloo_group
 from ._fallback import PathPort
 from ._ops import DELEGATED_OPS, as_options, delegated, reduce_op
-from ._routing import CODEC_FLOAT_DTYPES, CODEC_INT_DTYPES, codec_takes, runs_inline, sync_outside_backward
+from ._routing import (CODEC_FLOAT_DTYPES, CODEC_INT_DTYPES, SmallCalls, codec_takes, runs_inline, small_call,
+                       sync_outside_backward)
 from ._switch_setup import SwitchLink, await_ranks, open_switch, probe_switch, reopen_switch
 from ._work import CompletedWork, FifoWorker, HomaggWork, TaskResult
 
@@ -88,6 +89,7 @@ class ProcessGroupHomagg(ProcessGroup):
 
         self._allreduce_fn = codec.allreduce
         self._codec = codec.CodecConfig.from_options(dict(config.codec))
+        self._small = SmallCalls(config.scheme, self._codec, size)  # small calls' straight route
         #: what this rank's codec allreduces sent: bytes per stream, rounds, redos (accumulates)
         self.stats = codec.WorkerStats()
         #: what earlier allreduces agreed (exponents, union sizes), keyed by numel and dtype: a
@@ -187,6 +189,10 @@ class ProcessGroupHomagg(ProcessGroup):
     # ------------------------------------------------------------------ accelerated
     def allreduce(self, tensors: Sequence[torch.Tensor] | torch.Tensor, opts: Any = None) -> HomaggWork | CompletedWork:
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        avg = small_call(tensors, opts)
+        if avg is not None and self._small.takes(tensors[0]):  # straight to the small-call path
+            op = dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM
+            return self._submit_small("allreduce", lambda: self._codec_allreduce(tensors, op, small=True))
         op = reduce_op(opts)
         if codec_takes(tensors, op):
             if runs_inline(tensors, opts):  # small and synchronous: the caller's thread if the worker is idle
@@ -199,20 +205,26 @@ class ProcessGroupHomagg(ProcessGroup):
         gloo_opts = as_options(opts)
         return self._on_gloo("allreduce", lambda g: g.allreduce(tensors, gloo_opts), tensors, opts)
 
-    def _codec_allreduce(self, tensors: list[torch.Tensor], op: Any, compress: bool = False) -> TaskResult:
+    def _codec_allreduce(self, tensors: list[torch.Tensor], op: Any, compress: bool = False,
+                         small: bool = False) -> TaskResult:
+        """The codec's allreduce of each tensor (``small``: one that :class:`._routing.SmallCalls`
+        takes, on the small-call path without ``homagg.allreduce``'s dispatch)."""
         path = self._path
         port = path if path is not None else self.switch.port
         if path is not None:
             path.at_call_boundary()
+        avg = op == dist.ReduceOp.AVG
         try:
             for t in tensors:
-                if compress and self.compressor is not None and self.compressor.takes(t):
+                if small:
+                    self._small.allreduce(t, port, self.stats, self.history)
+                elif compress and self.compressor is not None and self.compressor.takes(t):
                     self.compressor.allreduce(t, port, scheme=self.config.scheme, config=self._codec,
                                               stats=self.stats, history=self.history)
                 else:
                     self._allreduce_fn(t, port, scheme=self.config.scheme, config=self._codec, inplace=True,
                                        stats=self.stats, history=self.history)
-                if op == dist.ReduceOp.AVG:
+                if avg:
                     t.div_(self.size())
         except HomAggError as exc:
             if path is not None and not isinstance(exc, TransportError):

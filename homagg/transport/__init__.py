@@ -30,7 +30,7 @@ from .._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from ..wire import CombineOp
-    from ._base import (CheckOnce, Stream, SwitchPort, VerifyOnce, WordSource, array_lengths, array_streams, combine_words,
+    from ._base import (AgreementCheck, CheckOnce, OwnRound, Stream, SwitchPort, VerifyOnce, WordSource, array_lengths, array_streams, combine_words,
                         wrap_int32)
     from ._control import ControlClient, parse_addr
     from ._errmap import transport_error
@@ -44,7 +44,9 @@ _LAZY = {
     "Stream": "._base",
     "SwitchPort": "._base",
     "VerifyOnce": "._base",
+    "AgreementCheck": "._base",
     "CheckOnce": "._base",
+    "OwnRound": "._base",
     "WordSource": "._base",
     "array_lengths": "._base",
     "array_streams": "._base",
@@ -64,7 +66,9 @@ __all__ = [
     "WordSource",
     "SwitchPort",
     "VerifyOnce",
+    "AgreementCheck",
     "CheckOnce",
+    "OwnRound",
     "array_lengths",
     "array_streams",
     "combine_words",

@@ -32,7 +32,7 @@ import torch
 from .._errors import ProtocolError
 from ..wire import CombineOp
 
-__all__ = ["CheckOnce", "CombineOp", "Stream", "SwitchPort", "VerifyOnce", "WordSource", "array_lengths",
+__all__ = ["AgreementCheck", "CheckOnce", "CombineOp", "OwnRound", "Stream", "SwitchPort", "VerifyOnce", "WordSource", "array_lengths",
            "array_streams", "combine_words", "wrap_int32"]
 
 _INT32 = np.dtype(np.int32)  # native-endian
@@ -159,17 +159,37 @@ def array_streams(ops: Sequence[CombineOp], words: Sequence[np.ndarray],
             for j, (op, w) in enumerate(zip(ops, words, strict=True))]
 
 
+class AgreementCheck:
+    """A ``verify`` of words that agree exactly when ``words[i] == ~words[agree_words + i]`` for
+    every ``i < agree_words`` (each field MAX-combined once as itself and once complemented: the
+    codec's call descriptor); ``check(words)`` raises, naming what disagrees, where they do not.
+
+    A port may judge the agreement itself and call ``check`` only where it fails: the native
+    datapath does it in its C loop, without returning to Python (``_fastround.c``).  That counts as
+    the round's call of ``verify`` (:class:`VerifyOnce` remembers it)."""
+
+    __slots__ = ("check", "agree_words")
+
+    def __init__(self, check: Callable[[np.ndarray], None], agree_words: int) -> None:
+        self.check, self.agree_words = check, agree_words
+
+    def __call__(self, words: np.ndarray) -> None:
+        self.check(words)
+
+
 class VerifyOnce:
     """A ``combine_arrays`` verifier that remembers whether it ran: a port whose round may or may
     not call it (a ``combine`` that verifies early only on some paths, a fallback that recovers the
     round) passes this one down and then calls :meth:`ensure` with the round's first array, so that
     the caller's ``verify`` runs exactly once (the :meth:`SwitchPort.combine_arrays` contract)."""
 
-    __slots__ = ("verify", "called")
+    __slots__ = ("verify", "called", "agree_words")
 
     def __init__(self, verify: Callable[[np.ndarray], None]) -> None:
         self.verify = verify
         self.called = False
+        #: the verifier's, where it is an :class:`AgreementCheck` (a port may judge it: see there)
+        self.agree_words: int = getattr(verify, "agree_words", 0)
 
     def __call__(self, words: np.ndarray) -> None:
         self.called = True
@@ -181,6 +201,26 @@ class VerifyOnce:
         if not self.called and results:
             self(results[0])
         return results
+
+
+class OwnRound(abc.ABC):
+    """A round shape whose input and output arrays a port keeps (:meth:`SwitchPort.own_round`):
+    the caller writes its words into :attr:`ins` and calls :meth:`run`, instead of handing
+    :meth:`SwitchPort.combine_arrays` arrays to copy in and getting new ones back (a steady small
+    call's copies, checks and allocations).
+
+    Invariant: :meth:`run` is :meth:`SwitchPort.combine_arrays` of ``ops`` and copies of
+    :attr:`ins` (the same round, wire bytes, results, errors and ``verify`` contract), except that
+    its results are the port's own arrays: valid until the port's next round, so the caller reads
+    or copies them at once and never writes them."""
+
+    ops: tuple[CombineOp, ...]
+    #: the round's input arrays (1-D int32, one per stream, the shape's lengths): the caller's to fill
+    ins: list[np.ndarray]
+
+    @abc.abstractmethod
+    def run(self, verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
+        """One round of :attr:`ins` (see the class docstring)."""
 
 
 class CheckOnce(VerifyOnce):
@@ -247,6 +287,11 @@ class SwitchPort(abc.ABC):
             return [t.detach().cpu().numpy() for t in self.combine(array_streams(ops, words))]
         once = VerifyOnce(verify)
         return once.ensure([t.detach().cpu().numpy() for t in self.combine(array_streams(ops, words, once))])
+
+    def own_round(self, ops: tuple[CombineOp, ...], lengths: tuple[int, ...]) -> OwnRound | None:
+        """The port's own arrays for rounds of this shape, where it keeps them (a small shape on
+        the native UDP datapath), else None (use :meth:`combine_arrays`); see :class:`OwnRound`."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources held by this port (idempotent)."""

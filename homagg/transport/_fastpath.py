@@ -78,7 +78,8 @@ class _RoundState(ctypes.Structure):  # hg_round (_fastround.c)
                 + [("last_progress", _D)]
                 + [(n, _I) for n in ("packets", "retransmits", "fast_retransmits", "spurious", "results",
                                      "send_stalls", "refused", "late", "nsamples")]
-                + [("samples", _D * 64), ("next_scan", _D), ("win_changed", _I), ("rare", _I)])
+                + [("samples", _D * 64), ("next_scan", _D), ("win_changed", _I), ("rare", _I),
+                   ("agree_words", _I), ("agreed", _I)])
 
 
 _FIELDS = [name for name, _ in _RoundState._fields_]
@@ -329,6 +330,7 @@ class NativeRound:
         self.loop = loop
         st.low = st.fr_next = st.nsent = st.done = 0
         st.verify_left = loop.verify_left
+        st.agree_words = st.agreed = 0  # the general loop verifies in Python
         st.backlog = 1  # the first step fills the window
 
     def push(self, est: Any) -> None:

@@ -14,7 +14,7 @@
  *   fill the window; poll, and drain only the sockets the poll found something on.
  *
  * It returns HG_RUN_DONE (every chunk completed), HG_RUN_VERIFY (stream 0 just completed: Python
- * verifies it, then calls again), HG_RUN_SCAN (the monotonic clock reached ``until``) or -errno.
+ * verifies it, then calls again; with ``agree_words`` only where the agreement check below fails), HG_RUN_SCAN (the monotonic clock reached ``until``) or -errno.
  * The RTO used for new deadlines is the one Python passed in (its estimator takes the samples of
  * ``samples[]`` on return): ``until`` is at most a few milliseconds away, so it is never stale
  * for longer.  Invariants: those of homagg_fp_send/homagg_fp_recv; every state field below is
@@ -60,6 +60,9 @@ typedef struct {
     double next_scan;                             /* homagg_fp_round: the round's first timer scan */
     int64_t win_changed;                          /* the window's state changed since the last return */
     int64_t rare;                                 /* a count besides packets/results, or win_changed */
+    int64_t agree_words;  /* > 0: stream 0's verifier is an agreement of this many fields (_base.py
+                           * AgreementCheck): checked here, Python called only where it fails */
+    int64_t agreed;       /* set when that check passed (Python counts it as the verifier's call) */
 } hg_round;
 
 /* Buffers of the round: scratch arrays of homagg/transport/_fastpath.py Scratch. */
@@ -73,6 +76,15 @@ typedef struct {
     int64_t probe_len;
     int32_t *gso;
 } hg_bufs;
+
+/* Whether stream 0's combined words agree: word i is the MAX of a field, word n + i the MAX of its
+ * complement, so every rank sent the same field exactly when word i == ~word (n + i). */
+static int agrees(const int32_t *w, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (w[i] != ~w[n + i])
+            return 0;
+    return 1;
+}
 
 static double mono(void) {
     struct timespec t;
@@ -265,7 +277,9 @@ static int64_t run(int fd, int mfd, const hg_job *job, const hg_chunks *ch, hg_r
             r->done += nev;
             r->results += nev;
             r->last_progress = now;
-            if (verify_now) {  /* before anything more is sent, and even when the round is complete */
+            if (verify_now && r->agree_words > 0 && agrees(ch->out[0], r->agree_words))
+                r->agreed = 1;  /* the ranks agree: go on without returning */
+            else if (verify_now) {  /* before anything more is sent, and even when the round is complete */
                 r->backlog = 1;  /* the next call fills the window first */
                 return HG_RUN_VERIFY;
             }

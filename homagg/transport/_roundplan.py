@@ -35,10 +35,11 @@ import numpy as np
 
 from .._buffers import KeptResults
 from . import _fastpath as fastpath
+from ._base import OwnRound, VerifyOnce
 from ._datapath import PyDatapath, Round
 from ._roundloop import RoundLoop, chunk_table
 
-__all__ = ["RoundPlan", "PLANS", "SMALL_WORDS", "KEPT_WORDS"]
+__all__ = ["RoundPlan", "PlanRound", "PLANS", "SMALL_WORDS", "KEPT_WORDS"]
 
 #: round shapes a port keeps a plan for (a training loop repeats a few: its small calls', each
 #: bucket's segments')
@@ -75,6 +76,14 @@ class RoundPlan:
         self.dp: Any = (fastpath.NativeDatapath(self.rnd, port.sock.fileno(), port._scratch) if port.native
                         else PyDatapath(self.rnd, port._send_to_switch))
         self._own_bound = small  # the native datapath holds the addresses of the own arrays
+        self._own_round: PlanRound | None = None
+
+    def own_round(self, port: Any, ops: tuple[int, ...]) -> PlanRound | None:
+        """The plan's own arrays as ``port``'s :class:`~homagg.transport.OwnRound` (a small plan
+        of the native datapath whose streams all hold words), else None; made once."""
+        if self._own_round is None and self.own_in is not None and port.native and all(a.size for a in self.own_in):
+            self._own_round = PlanRound(port, self, ops)
+        return self._own_round
 
     def run(self, port: Any, srcs: list[np.ndarray], outs: list[np.ndarray], names: Sequence[str],
             verify: Callable[[np.ndarray], None] | None, fills: list[tuple[int, int] | None] | None = None,
@@ -127,6 +136,9 @@ class RoundPlan:
         st = run.st
         run.push(est)
         st.verify_left = rnd.n0 if verify is not None else 0
+        agree = getattr(verify, "agree_words", 0)  # an AgreementCheck (or a VerifyOnce of one): C checks it
+        st.agree_words = agree if 0 < 2 * agree <= out0.size else 0
+        st.agreed = 0
         samples = st.samples  # a view of the C state's array (one ctypes object per round, not per sample)
         rc = run.call(1)
         while not st.rare:  # only packets, results and RTT samples so far: Python's part is these
@@ -147,6 +159,8 @@ class RoundPlan:
                 if st.done >= self.total:
                     rc = run.DONE
             if rc == run.DONE:
+                if st.agreed:
+                    _checked(verify, stats)
                 port._seq = seq0 + self.total
                 stats["gso"] = port._scratch.gso.value
                 port._sync_rtt_stats()
@@ -166,3 +180,32 @@ class RoundPlan:
             loop.run_native(run, run.pull(est, rc))
         finally:
             loop.verify = None
+        if st.agreed:
+            _checked(verify, stats)
+
+
+def _checked(verify: Any, stats: dict[str, int]) -> None:
+    """The C loop found stream 0's words in agreement (``AgreementCheck``): that is the verifier's
+    call of this round (a :class:`~homagg.transport.VerifyOnce` remembers it; the port's stats
+    count it as ``agreements``)."""
+    stats["agreements"] += 1
+    if isinstance(verify, VerifyOnce):
+        verify.called = True
+
+
+class PlanRound(OwnRound):
+    """A small :class:`RoundPlan`'s own arrays as its port's :class:`~homagg.transport.OwnRound`:
+    :meth:`run` is ``combine_arrays`` less its copy in (the caller wrote :attr:`ins`), its checks
+    (the plan's shape is the arrays') and its copies out."""
+
+    def __init__(self, port: Any, plan: RoundPlan, ops: tuple[int, ...]) -> None:
+        assert plan.own_in is not None and plan.own_out is not None
+        self.port, self.plan, self.ops = port, plan, ops
+        self.ins: list[np.ndarray] = plan.own_in
+        self._outs: list[np.ndarray] = plan.own_out
+
+    def run(self, verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
+        port = self.port
+        port.stats["rounds"] += 1
+        self.plan.run_small(port, verify)
+        return self._outs

@@ -81,7 +81,7 @@ import torch
 from .._errors import ConfigError, HomAggError
 from ..jobs import JobSpec
 from ..wire import CombineOp, datagram_len
-from ._base import CheckOnce, Stream, SwitchPort, array_lengths
+from ._base import CheckOnce, OwnRound, Stream, SwitchPort, array_lengths
 from ._control import ControlClient, parse_addr
 from . import _fastpath as fastpath
 from .._buffers import spare_int32
@@ -195,7 +195,7 @@ class UdpSwitchPort(SwitchPort):
         self._last_retx = array("B", [0]) * n  # ... whether it was retransmitted (a second result copy = spurious)
         self.stats: dict[str, int] = dict.fromkeys(
             ("packets", "retransmits", "fast_retransmits", "spurious_retransmits", "results", "ignored", "group_probes",
-             "rounds", "rtt_samples", "rto_backoffs", "srtt_us", "rto_us"), 0)
+             "rounds", "rtt_samples", "rto_backoffs", "srtt_us", "rto_us", "agreements"), 0)
         if self._ctl is not None and register:
             try:
                 self._ctl.register(job.job_id, rank, self.local_addr)
@@ -297,6 +297,15 @@ class UdpSwitchPort(SwitchPort):
         if verify is not None and lengths and not lengths[0]:
             verify(outs[0].copy())  # stream 0 has no chunk, so the round did not verify it
         return [o.copy() for o in outs]
+
+    def own_round(self, ops: tuple[CombineOp, ...], lengths: tuple[int, ...]) -> OwnRound | None:
+        """:meth:`SwitchPort.own_round`: on the native datapath, a shape of at most ``SMALL_WORDS``
+        words whose streams all hold words has its :class:`RoundPlan`'s own arrays."""
+        if not self.native:
+            return None
+        key = (lengths, ops)
+        plan = self._plans.get(key) or self._plan(*key)
+        return plan.own_round(self, ops)
 
     def _plan(self, lengths: tuple[int, ...], ops: tuple[int, ...]) -> RoundPlan:
         """The cached set-up of rounds of this shape (made on first use; at most ``PLANS`` kept)."""

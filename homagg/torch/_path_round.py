@@ -1,0 +1,48 @@
+"""A :class:`~homagg.torch._fallback.PathPort`'s :class:`~homagg.transport.OwnRound`: the switch
+port's own arrays for a round shape, run through the path port's rounds.
+
+The steady small call (:mod:`homagg.codec._small`) writes its words into the UDP port's own arrays
+and reads the combined words from them (no copy in, no checks, no new arrays: a
+:class:`~homagg.transport._roundplan.PlanRound`); the process group's port wraps that round as it
+wraps every other one (:meth:`PathPort._round <homagg.torch._fallback.PathPort>`): it counts the
+round, keeps a copy of its results as ``last`` (the port's own arrays are overwritten by its next
+round; a recovery may broadcast them), and falls back to the host path on a transport error, with
+the words this rank was sending (copies of :attr:`ins`).
+
+Invariant: :meth:`PathRound.run` is the path port's ``combine_arrays`` of ``ops`` and copies of
+:attr:`ins`: the same paths, bookkeeping, fallback and ``verify`` contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..transport import OwnRound, VerifyOnce, array_streams
+
+__all__ = ["PathRound"]
+
+
+def _copies(out: list[np.ndarray]) -> list[np.ndarray]:
+    return [a.copy() for a in out]
+
+
+class PathRound(OwnRound):
+    """``inner`` (the switch port's own round) as a round of ``path`` (a ``PathPort``)."""
+
+    def __init__(self, path: Any, inner: OwnRound) -> None:
+        self.path, self.inner = path, inner
+        self.ops = inner.ops
+        self.ins = inner.ins
+
+    def run(self, verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
+        inner, path = self.inner, self.path
+        if path.path == "host":  # the switch failed since this round was handed out: the host path's round
+            return path.combine_arrays(self.ops, [w.copy() for w in self.ins], verify)
+        once = None if verify is None else VerifyOnce(verify)
+        out = path._round(lambda port: inner.run(once),
+                          lambda: array_streams(self.ops, [w.copy() for w in self.ins], once), _copies)
+        out = [a if isinstance(a, np.ndarray) else a.numpy() for a in out]  # a fallback's are tensors
+        return out if once is None else once.ensure(out)

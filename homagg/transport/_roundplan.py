@@ -129,7 +129,9 @@ class RoundPlan:
         and no Python per call beyond the RTT samples and two counts.  As soon as anything else
         happens (a retransmission, a late or foreign datagram, a window change, a timer scan, an
         error) the round goes on in :meth:`RoundLoop.run_native`, from the state the C loop left
-        (the same decisions as the general loop from there on)."""
+        (the same decisions as the general loop from there on).  A ``verify`` that is an
+        :class:`~homagg.transport.AgreementCheck` is judged in C: Python sees stream 0 only where
+        the ranks disagree (:func:`_checked` otherwise)."""
         dp, rnd, est, stats = self.dp, self.rnd, port.rtt, port.stats
         run = dp.native_round(port, port.msock.fileno() if port.msock is not None else -1)
         seq0 = rnd.seq0 = dp._job.seq0 = port._seq

@@ -12,7 +12,6 @@ Python call; disagreeing ones reach the Python check, which raises on every rank
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from collections.abc import Callable
 
 import numpy as np
@@ -20,15 +19,13 @@ import pytest
 import torch
 
 import switch_emulator
-from homagg import PathWarning, RankMismatchError
+from homagg import RankMismatchError
 from homagg.testing import on_threads
-from homagg.torch._link import SwitchLink
 from homagg.torch._path_round import PathRound
-from homagg.transport import (AgreementCheck, CombineOp, ControlClient, OwnRound, UdpSwitchPort, VerifyOnce,
-                              combine_words)
+from homagg.transport import AgreementCheck, CombineOp, ControlClient, OwnRound, VerifyOnce, combine_words
 from homagg.transport._fastpath import AVAILABLE
 from homagg.transport._roundplan import SMALL_WORDS
-from tests.test_transport_small_rounds import _close, _gloo_groups, _path_ports, _ports, _words
+from tests.test_transport_small_rounds import _close, _ports, _words, killable_path_ports, through_a_kill
 from tests.test_transport_verify_once import _raised
 
 MAX, ADD = CombineOp.MAX, CombineOp.ADD
@@ -154,13 +151,7 @@ def test_path_port_own_rounds_fall_back_when_the_switch_is_killed() -> None:
     falls back (the words this rank was sending), exact; on the host path no own round (a
     PathRound handed out before runs on the host path)."""
     world = 2
-    gloos = _gloo_groups(world)
-    emulator = switch_emulator.spawn(timeout=30)
-    with ControlClient(emulator.control_addr, secret=emulator.secret) as ctl:
-        job = ctl.admit(world, n_slots=8, words_per_packet=16)
-    udp = [UdpSwitchPort(emulator.data_addr, job=job, rank=r, control=emulator.control_addr, secret=emulator.secret,
-                         timeout=5.0) for r in range(world)]
-    ports = _path_ports([SwitchLink(p, "udp", _closers=[p.close]) for p in udp], gloos)
+    emulator, ports = killable_path_ports(world)
     head = [np.arange(18, dtype=np.int32) * (r + 1) for r in range(world)]
     vals = [np.full(3, 10 * (r + 1), dtype=np.int32) for r in range(world)]
     seen: list[list[np.ndarray]] = [[] for _ in range(world)]
@@ -178,12 +169,7 @@ def test_path_port_own_rounds_fall_back_when_the_switch_is_killed() -> None:
         return [o.copy() for o in out]
 
     try:
-        for expect in ("switch", "switch", "kill", "host"):
-            if expect == "kill":
-                emulator.process.kill()
-                emulator.process.wait(10)
-            with pytest.warns(PathWarning, match="host path") if expect == "kill" else nullcontext():
-                out = on_threads(round_, world, timeout=60)
+        for expect, out in through_a_kill(emulator, round_, world, ("switch", "switch", "kill", "host")):
             for o in out:
                 assert np.array_equal(o[0], head[1]) and np.array_equal(o[1], np.full(3, 30))
             if expect == "switch":

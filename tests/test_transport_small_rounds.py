@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import pytest
@@ -253,6 +254,31 @@ def _path_ports(links: list[SwitchLink], gloos: list[dist.ProcessGroup]) -> list
             for r in range(world)]
 
 
+def killable_path_ports(world: int) -> tuple[Any, list[PathPort]]:
+    """An emulator process of its own (the test may kill it) and ``world`` PathPorts over UDP ports
+    of one job on it (gloo groups for the host path); the caller closes both."""
+    gloos = _gloo_groups(world)
+    emulator = switch_emulator.spawn(timeout=30)
+    with ControlClient(emulator.control_addr, secret=emulator.secret) as ctl:
+        job = ctl.admit(world, n_slots=8, words_per_packet=16)
+    udp = [UdpSwitchPort(emulator.data_addr, job=job, rank=r, control=emulator.control_addr, secret=emulator.secret,
+                         timeout=5.0) for r in range(world)]
+    return emulator, _path_ports([SwitchLink(p, "udp", _closers=[p.close]) for p in udp], gloos)
+
+
+def through_a_kill(emulator: Any, round_: Any, world: int, steps: tuple[str, ...]) -> Any:
+    """``round_(rank)`` on every rank (threads) once per step, yielding (step, the ranks' results);
+    at a ``kill`` step the emulator process is killed first, and that round must warn that the
+    group continues on the host path."""
+    for step in steps:
+        if step == "kill":
+            emulator.process.kill()
+            emulator.process.wait(10)
+        with pytest.warns(PathWarning, match="host path") if step == "kill" else nullcontext():
+            out = on_threads(round_, world, timeout=60)
+        yield step, out
+
+
 def _close(ports: list[PathPort]) -> None:
     on_threads(lambda r: ports[r].close(), len(ports))  # the agreement at close is a collective
 
@@ -264,14 +290,7 @@ def test_path_port_arrays_fall_back_when_the_switch_is_killed(streams: int) -> N
     host path (gloo), exact; later rounds stay on the host path, exact, verified exactly once per
     round (also a round of the verified stream alone, which gloo combines without an early check)."""
     world = 2
-    gloos = _gloo_groups(world)
-    emulator = switch_emulator.spawn(timeout=30)
-    with ControlClient(emulator.control_addr, secret=emulator.secret) as ctl:
-        job = ctl.admit(world, n_slots=8, words_per_packet=16)
-    udp = [UdpSwitchPort(emulator.data_addr, job=job, rank=r, control=emulator.control_addr, secret=emulator.secret,
-                         timeout=5.0) for r in range(world)]
-    links = [SwitchLink(p, "udp", _closers=[p.close]) for p in udp]
-    ports = _path_ports(links, gloos)
+    emulator, ports = killable_path_ports(world)
     head = [np.arange(18, dtype=np.int32) * (r + 1) for r in range(world)]
     vals = [np.full(33, 10 * (r + 1), dtype=np.int32) for r in range(world)]
     ops = [CombineOp.MAX, CombineOp.ADD][:streams]
@@ -281,12 +300,7 @@ def test_path_port_arrays_fall_back_when_the_switch_is_killed(streams: int) -> N
         return ports[r].combine_arrays(ops, [head[r], vals[r]][:streams], seen[r].append)
 
     try:
-        for expect_path in ("switch", "switch", "kill", "host", "host"):
-            if expect_path == "kill":
-                emulator.process.kill()
-                emulator.process.wait(10)
-            with pytest.warns(PathWarning, match="host path") if expect_path == "kill" else nullcontext():
-                out = on_threads(round_, world, timeout=60)
+        for expect_path, out in through_a_kill(emulator, round_, world, ("switch", "switch", "kill", "host", "host")):
             for o in out:
                 assert all(isinstance(a, np.ndarray) and a.dtype == np.int32 for a in o)
                 assert len(o) == streams and np.array_equal(o[0], head[1])

@@ -12,8 +12,9 @@ share ``homagg/_wirewords.h`` (the word loops between host order and the wire's 
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("homagg.codec._native_kernels",
-                             ["homagg/codec/_native_kernels.c", "homagg/codec/_dense_kernels.c",
-                              "homagg/codec/_exponent_kernels.c"], optional=True,
+                             ["homagg/codec/_native_kernels.c", "homagg/codec/_scan_kernels.c",
+                              "homagg/codec/_dense_kernels.c", "homagg/codec/_exponent_kernels.c"], optional=True,
+                             depends=["homagg/codec/_native_kernels.h"],
                              extra_compile_args=["-O3"]),
                    Extension("homagg.transport._fastpath_kernels",
                              ["homagg/transport/_fastpath.c", "homagg/transport/_fastround.c"], optional=True,

@@ -20,7 +20,7 @@ The modules, top down (each imports only those below it, and :mod:`homagg.transp
   dense tensors and index lists), the O(n) scans and scatters;
 * ``_exponents`` -- the steady calls' per-block exponent bookkeeping (guesses, which blocks
   stand, what moved; numpy on the host, torch elsewhere);
-* ``_native`` -- the optional C kernels (``_native_kernels.c``, ``_dense_kernels.c``, built as
+* ``_native`` -- the optional C kernels (``_native_kernels.c``, ``_scan_kernels.c``, ``_dense_kernels.c``, built as
   ``homagg.codec._native_kernels``), loaded with ctypes; ``_hashing``, ``_sparse``;
 * ``_config``, ``_history``, ``_stats`` -- options, agreed state, statistics.
 

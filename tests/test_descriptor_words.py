@@ -13,7 +13,8 @@ import homagg
 import switch_emulator
 from homagg.codec import _descriptor
 from homagg.testing import on_threads
-from homagg.transport import ControlClient, InProcessSwitch, UdpSwitchPort
+from homagg.transport import InProcessSwitch, SwitchPort
+from tests.test_transport_verify_once import udp_ports
 
 
 def _expected(numel: int, dtype: torch.dtype, scheme: str, world: int, round_words: int) -> list[int]:
@@ -66,23 +67,23 @@ def test_ports_leave_the_descriptor_words_as_built_in_process(monkeypatch: pytes
     _assert_kept(seen, 4)
 
 
+def allreduce_ints_exactly(ports: list[SwitchPort], scheme: str, calls: int = 1) -> None:
+    """``calls`` allreduces of the same int32 tensors (one a rank, on threads) through ``ports``:
+    every rank gets the exact sum every time."""
+    world = len(ports)
+    xs = [torch.randint(-1000, 1000, (4000,), dtype=torch.int32, generator=torch.Generator().manual_seed(r))
+          for r in range(world)]
+    want = torch.stack(xs).sum(0, dtype=torch.int32)
+    for _ in range(calls):
+        outs = on_threads(lambda r: homagg.allreduce(xs[r].clone(), ports[r], scheme=scheme), world)
+        for out in outs:
+            assert torch.equal(out, want)
+
+
 def test_ports_leave_the_descriptor_words_as_built_over_udp(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = _recording(monkeypatch)
-    with switch_emulator.start() as sw:
-        ctl = ControlClient(sw.control_addr)
-        job = ctl.admit(2, n_slots=8, words_per_packet=256)
-        ports = [UdpSwitchPort(sw.data_addr, job=job, rank=r, control=sw.control_addr, timeout=30) for r in range(2)]
-        try:
-            xs = [torch.randint(-1000, 1000, (4000,), dtype=torch.int32, generator=torch.Generator().manual_seed(r))
-                  for r in range(2)]
-            for _ in range(3):
-                outs = on_threads(lambda r: homagg.allreduce(xs[r].clone(), ports[r], scheme="dense"), 2)
-                for out in outs:
-                    assert torch.equal(out, xs[0] + xs[1])
-        finally:
-            for p in ports:
-                p.close()
-            ctl.remove(job.job_id)
+    with switch_emulator.start() as sw, udp_ports(sw, 2, None, n_slots=8, words_per_packet=256, timeout=30) as ports:
+        allreduce_ints_exactly(ports, "dense", calls=3)
     _assert_kept(seen, 3)
 
 

@@ -12,7 +12,9 @@ import homagg
 import switch_emulator
 from homagg.codec import _descriptor
 from homagg.testing import on_threads
-from homagg.transport import ControlClient, InProcessSwitch, UdpSwitchPort
+from homagg.transport import InProcessSwitch
+from tests.test_descriptor_words import allreduce_ints_exactly
+from tests.test_transport_verify_once import udp_ports
 
 TIMEOUT = 60.0  # the ports' own timeout; a mismatch must be reported long before it
 
@@ -73,48 +75,31 @@ def switch():
 
 @pytest.mark.parametrize("case", ["numel", "dtype"])
 def test_mismatch_over_udp_fails_fast_on_every_rank_and_the_job_is_usable_by_a_new_port(switch, case: str) -> None:
-    ctl = ControlClient(switch.control_addr)
-    job = ctl.admit(2, n_slots=8, words_per_packet=256)
-    ports = [UdpSwitchPort(switch.data_addr, job=job, rank=r, control=switch.control_addr, timeout=TIMEOUT)
-             for r in range(2)]
-
     def tensor(rank: int) -> torch.Tensor:
         if case == "numel":
             return _mismatched(rank)
         return torch.randn(5000, generator=torch.Generator().manual_seed(rank), dtype=torch.float32 if rank else torch.float64)
 
-    def call(rank: int) -> BaseException | None:
-        try:
-            homagg.allreduce(tensor(rank), ports[rank], scheme="compact")
-        except homagg.HomAggError as exc:
-            return exc
-        return None
+    with udp_ports(switch, 2, None, n_slots=8, words_per_packet=256, timeout=TIMEOUT) as ports:
 
-    try:
+        def call(rank: int) -> BaseException | None:
+            try:
+                homagg.allreduce(tensor(rank), ports[rank], scheme="compact")
+            except homagg.HomAggError as exc:
+                return exc
+            return None
+
         t0 = time.monotonic()
         errors = on_threads(call, 2, timeout=2 * TIMEOUT)
         elapsed = time.monotonic() - t0
         for exc in errors:
             assert isinstance(exc, homagg.RankMismatchError), exc
-            assert ("numel (1,000 .. 3,000)" if case == "numel" else "dtype (torch.float32 .. torch.float64)") in str(exc)
+            needle = "numel (1,000 .. 3,000)" if case == "numel" else "dtype (torch.float32 .. torch.float64)"
+            assert needle in str(exc)
         assert elapsed < TIMEOUT / 2, f"took {elapsed:.1f} s: waited for a timeout instead of the descriptor"
-    finally:
-        for p in ports:
-            p.close()
-        ctl.remove(job.job_id)
     # agreeing ranks on a fresh job still get the exact sum (the switch is not left broken)
-    job = ctl.admit(2, n_slots=8, words_per_packet=256)
-    ports = [UdpSwitchPort(switch.data_addr, job=job, rank=r, control=switch.control_addr, timeout=TIMEOUT)
-             for r in range(2)]
-    try:
-        xs = [torch.randint(-1000, 1000, (4000,), dtype=torch.int32) for _ in range(2)]
-        outs = on_threads(lambda r: homagg.allreduce(xs[r].clone(), ports[r], scheme="compact"), 2)
-        for out in outs:
-            assert torch.equal(out, xs[0] + xs[1])
-    finally:
-        for p in ports:
-            p.close()
-        ctl.remove(job.job_id)
+    with udp_ports(switch, 2, None, n_slots=8, words_per_packet=256, timeout=TIMEOUT) as ports:
+        allreduce_ints_exactly(ports, "compact")
 
 
 @pytest.mark.parametrize(("case", "needle"), [("numel", "numel (1,000 .. 3,000)"),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -178,10 +179,18 @@ class AgreementCheck:
 
 
 class VerifyOnce:
-    """A ``combine_arrays`` verifier that remembers whether it ran: a port whose round may or may
-    not call it (a ``combine`` that verifies early only on some paths, a fallback that recovers the
-    round) passes this one down and then calls :meth:`ensure` with the round's first array, so that
-    the caller's ``verify`` runs exactly once (the :meth:`SwitchPort.combine_arrays` contract)."""
+    """A ``combine_arrays`` verifier that runs ``verify`` **at most once**, however many times it is
+    called: a port whose round may or may not call it (a ``combine`` that verifies early only on
+    some paths) or may call it twice (a :class:`~homagg.torch._fallback.PathPort` round whose
+    switch port verified early and then failed: the host path redoes the round and verifies it
+    again) passes this one down and then calls :meth:`ensure` with the round's first array, so that
+    the caller's ``verify`` runs exactly once (the :meth:`SwitchPort.combine_arrays` contract).
+
+    Invariants: :attr:`called` is True from the first call on (also where ``verify`` raised: the
+    round is abandoned, the error propagates, and a later call does not judge again) and where a
+    port judged the agreement itself (:class:`AgreementCheck`: the port sets :attr:`called`).
+    ``verify`` takes the words as the port hands them: a 1-D int32 numpy array here
+    (:class:`CheckOnce`: a tensor as well)."""
 
     __slots__ = ("verify", "called", "agree_words")
 
@@ -192,13 +201,14 @@ class VerifyOnce:
         self.agree_words: int = getattr(verify, "agree_words", 0)
 
     def __call__(self, words: np.ndarray) -> None:
-        self.called = True
-        self.verify(words)
+        if not self.called:
+            self.called = True
+            self.verify(words)
 
     def ensure(self, results: list[np.ndarray]) -> list[np.ndarray]:
         """Call ``verify`` on ``results[0]`` unless it already ran (or the round has no array);
         returns ``results``."""
-        if not self.called and results:
+        if results:
             self(results[0])
         return results
 
@@ -224,19 +234,18 @@ class OwnRound(abc.ABC):
 
 
 class CheckOnce(VerifyOnce):
-    """A :attr:`Stream.verify` that runs ``check`` at most once, with the combined words as a tensor
-    or as a 1-D int32 host numpy array (``check`` takes both, as
-    :func:`homagg.codec._descriptor.check` does; a port that holds the words in numpy, the UDP
-    port's early verify, passes them so).  The stream's owner calls :meth:`ensure` with the round's
-    results: it checks them only where no port did.  Invariant: however many times the ports of a
-    round (a fallback's recovery included) call it, ``check`` runs once per round that returns."""
+    """:class:`VerifyOnce` as a :attr:`Stream.verify` (the codec's call descriptor): the same
+    at-most-once behaviour, but its ``verify`` takes the combined words as a tensor *or* as a 1-D
+    int32 host numpy array (as :func:`homagg.codec._descriptor.check` does).  That is the one
+    difference, and why the class exists: a port that holds the words in numpy (the UDP port's
+    early verify) hands a ``CheckOnce`` them as they are, where it wraps any other
+    :attr:`Stream.verify` to hand it a tensor.  The stream's owner checks the round's results
+    itself where no port did (``called`` is False)."""
 
     __slots__ = ()
 
-    def __call__(self, words: np.ndarray | torch.Tensor) -> None:  # type: ignore[override]
-        if not self.called:
-            self.called = True
-            self.verify(words)  # type: ignore[arg-type]
+    if TYPE_CHECKING:  # the wider argument type only; the behaviour is VerifyOnce's
+        def __call__(self, words: np.ndarray | torch.Tensor) -> None: ...
 
 
 def wrap_int32(x: torch.Tensor) -> torch.Tensor:

@@ -16,12 +16,10 @@ import threading
 import numpy as np
 import pytest
 
-import switch_emulator
 from homagg import PathWarning
 from homagg.testing import on_threads
-from homagg.torch._link import SwitchLink
-from homagg.transport import CombineOp, ControlClient, UdpSwitchPort, VerifyOnce
-from tests.test_transport_small_rounds import _close, _gloo_groups, _path_ports
+from homagg.transport import CombineOp, VerifyOnce
+from tests.test_transport_small_rounds import _close, killable_path_ports
 
 
 def test_verify_once_runs_its_verify_at_most_once() -> None:
@@ -52,13 +50,7 @@ def test_path_port_verifies_once_when_the_switch_dies_after_the_early_verify() -
     the round on gloo (which verifies its head again).  Results exact; each rank's ``verify`` ran
     exactly once, on stream 0's combined words."""
     world = 2
-    gloos = _gloo_groups(world)
-    emulator = switch_emulator.spawn(timeout=30)
-    with ControlClient(emulator.control_addr, secret=emulator.secret) as ctl:
-        job = ctl.admit(world, n_slots=4, words_per_packet=16)
-    udp = [UdpSwitchPort(emulator.data_addr, job=job, rank=r, control=emulator.control_addr, secret=emulator.secret,
-                         timeout=5.0) for r in range(world)]
-    ports = _path_ports([SwitchLink(p, "udp", _closers=[p.close]) for p in udp], gloos)
+    emulator, ports = killable_path_ports(world, n_slots=4)
     head = [np.arange(8, dtype=np.int32) * (r + 1) for r in range(world)]
     vals = [np.full(4000, 10 * (r + 1), dtype=np.int32) for r in range(world)]
     seen: list[list[np.ndarray]] = [[] for _ in range(world)]

@@ -254,13 +254,13 @@ def _path_ports(links: list[SwitchLink], gloos: list[dist.ProcessGroup]) -> list
             for r in range(world)]
 
 
-def killable_path_ports(world: int) -> tuple[Any, list[PathPort]]:
+def killable_path_ports(world: int, n_slots: int = 8) -> tuple[Any, list[PathPort]]:
     """An emulator process of its own (the test may kill it) and ``world`` PathPorts over UDP ports
     of one job on it (gloo groups for the host path); the caller closes both."""
     gloos = _gloo_groups(world)
     emulator = switch_emulator.spawn(timeout=30)
     with ControlClient(emulator.control_addr, secret=emulator.secret) as ctl:
-        job = ctl.admit(world, n_slots=8, words_per_packet=16)
+        job = ctl.admit(world, n_slots=n_slots, words_per_packet=16)
     udp = [UdpSwitchPort(emulator.data_addr, job=job, rank=r, control=emulator.control_addr, secret=emulator.secret,
                          timeout=5.0) for r in range(world)]
     return emulator, _path_ports([SwitchLink(p, "udp", _closers=[p.close]) for p in udp], gloos)

@@ -1,6 +1,7 @@
-"""``homagg.allreduce`` drives the protocol on the port itself (:func:`homagg.codec._schemes.drive`, no
-generator of its own); the protocol's generator (:func:`homagg.codec._schemes.protocol`, what the
-pipeline and the benchmarks drive) must stay the same call.
+"""``homagg.allreduce`` drives the protocol on the port itself (:func:`homagg.codec._schemes.drive`: the
+descriptor's loop given ``port.combine`` as its combining step, no generator between a round and the
+port); the protocol's generator (:func:`homagg.codec._schemes.protocol`, the same loop yielding each
+round: what the pipeline and the benchmarks drive) must stay the same call.
 
 Oracle: the same inputs through both, each with its own in-process switch and histories, over a
 first call, steady calls, a jump of the exponents (a redo round) and two jumps in a row (the

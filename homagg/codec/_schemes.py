@@ -51,7 +51,7 @@ within the same bound, and bit-identical to a first call with ``guess_window=Fal
 
 from __future__ import annotations
 
-from collections.abc import Generator, Hashable
+from collections.abc import Callable, Generator, Hashable
 import torch
 
 from . import _bitmap, _descriptor, _exponents, _fixedpoint, _hostops, _sketch
@@ -114,21 +114,16 @@ def begin(w: Worker, scheme: str, stats: WorkerStats, history: History | None = 
 
 def drive(w: Worker, port: SwitchPort, scheme: str, stats: WorkerStats, history: History | None = None,
           key: Hashable = None) -> torch.Tensor:
-    """:func:`run`'s protocol combined on ``port`` up to its flat result, the same rounds, checks and
-    record as :func:`_described`'s, with no generator of its own between the body and the port."""
+    """:func:`run`'s protocol combined on ``port`` up to its flat result: :func:`_described`'s loop (the
+    same rounds, checks and record) with ``port.combine`` as its combining step, so that each round
+    goes from the body to the port and back with no generator between them (``_described``'s own
+    is resumed once per call, to its return)."""
     body, slot, prior = begin(w, scheme, stats, history, key)
     try:
-        first = next(body)
-    except StopIteration as stop:  # a protocol that needed no round
-        return _done(stop.value, w, history, slot, prior)
-    once = CheckOnce(_descriptor.AGREEMENT)
-    value = _first_results(port.combine(_head_round(w, scheme, stats, first, once)), once)
-    while True:
-        try:
-            streams = body.send(value)
-        except StopIteration as stop:
-            return _done(stop.value, w, history, slot, prior)
-        value = port.combine(streams)
+        next(_described(body, w, scheme, stats, history, slot, prior, port.combine))
+    except StopIteration as stop:
+        return stop.value
+    raise AssertionError("a protocol given its combining step yielded a round")  # pragma: no cover
 
 
 def _record(w: Worker, history: History, slot: tuple[Hashable, ...], prior: Agreed | None) -> None:
@@ -158,10 +153,15 @@ def _guess_pays(w: Worker, prior: Agreed) -> bool:
 
 
 def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats, history: History | None,
-               slot: tuple[Hashable, ...], prior: Agreed | None) -> Protocol:
+               slot: tuple[Hashable, ...], prior: Agreed | None,
+               combine: Callable[[Round], list[torch.Tensor]] | None = None) -> Protocol:
     """``body`` with the call descriptor (:mod:`homagg.codec._descriptor`) at the head of its first round:
     ranks that disagree about the call raise :class:`~homagg.RankMismatchError` after that round;
     once ``body`` returned, the call is recorded in ``history`` under ``slot`` (:func:`_record`).
+
+    Each round is yielded to the generator's driver, or, given ``combine`` (:func:`drive`: a port's),
+    combined by it in place of the yield: then nothing is yielded, and the generator's first resume
+    runs the whole call to its return.  The one loop of both drives: they cannot differ.
 
     The descriptor is checked exactly once per call: by the port, as soon as its words are back
     (the stream's :class:`~homagg.transport._base.CheckOnce` records it), else here on the round's
@@ -171,13 +171,14 @@ def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats, histo
     except StopIteration as stop:  # a protocol that needed no round
         return _done(stop.value, w, history, slot, prior)
     once = CheckOnce(_descriptor.AGREEMENT)
-    value = _first_results((yield _head_round(w, scheme, stats, first, once)), once)
+    head = _head_round(w, scheme, stats, first, once)
+    value = _first_results(combine(head) if combine is not None else (yield head), once)
     while True:
         try:
             streams = body.send(value)
         except StopIteration as stop:
             return _done(stop.value, w, history, slot, prior)
-        value = yield streams
+        value = combine(streams) if combine is not None else (yield streams)
 
 
 def _head_round(w: Worker, scheme: str, stats: WorkerStats, first: Round, once: CheckOnce) -> Round:

@@ -87,9 +87,17 @@ def float32_grid(exps: torch.Tensor, world_size: int,
 
 
 def _native_float32(*tensors: torch.Tensor) -> bool:
-    """Whether the native kernels serve these tensors: built, float32/int32, contiguous, on the CPU."""
-    return _native.AVAILABLE and all(t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad
-                                     and t.dtype in (torch.float32, torch.int32) for t in tensors)
+    """Whether the native kernels serve these tensors: built, float32/int32, contiguous, on the CPU
+    (a plain loop: a steady call's decode asks it every call)."""
+    if not _native.AVAILABLE:
+        return False
+    for t in tensors:
+        if not (t.is_cpu and t.is_contiguous() and not t.requires_grad and t.dtype in _NATIVE_DTYPES):
+            return False
+    return True
+
+
+_NATIVE_DTYPES = (torch.float32, torch.int32)
 
 
 def exponents(flat: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -195,10 +203,7 @@ def dequantize_into(out: torch.Tensor, sums: torch.Tensor, exps: torch.Tensor, w
     agreed exponents repeat, so it builds no factor array, numpy view or ``ctypes.data`` per
     call); everything else takes the torch code below, as every device tensor does.
     """
-    # _native_float32(out, sums) with the exponents on the host, spelt out (a steady call's decode asks
-    # it every call: the generator and device object cost ~1 us there, ~3 us in a rank's cold caches)
-    if (_native.AVAILABLE and out.dtype == torch.float32 and sums.dtype == torch.int32 and exps.is_cpu
-            and out.is_cpu and sums.is_cpu and out.is_contiguous() and sums.is_contiguous() and not out.requires_grad):
+    if out.dtype == torch.float32 and sums.dtype == torch.int32 and exps.is_cpu and _native_float32(out, sums):
         host = exps.numpy()  # the native kernels, their factors computed in numpy (bit for bit the torch code's)
         p = precision_bits(world_size, words)
         if words == 2 and _native.WIDE:

@@ -279,10 +279,12 @@ class _Steady:
         sent[_descriptor.NAME] += 4 * _descriptor.LENGTH
         sent["values"] += self.value_bytes
         own = port.own_round(_OPS, self.lengths)  # the port's own arrays, where it keeps them
-        head = self.head.copy() if own is None else own.ins[0]
-        if own is not None:
+        if own is None:
+            head = self.head.copy()
+        else:
+            head, into = own.ins
             np.copyto(head, self.head)
-            np.copyto(own.ins[1], words)
+            np.copyto(into, words)
         head[-2] = local
         head[-1] = EMPTY if guess == EMPTY else -guess
         # either runs the descriptor's check on its combined words exactly once; the own round's

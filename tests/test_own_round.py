@@ -84,8 +84,10 @@ def test_udp_own_rounds_are_combine_arrays_interleaved(switch) -> None:
                 assert all(np.array_equal(o, w) for o, w in zip(out[r], want, strict=True)), (i, r)
                 assert len(seen[r]) == 1 and np.array_equal(seen[r][0], want[0]), (i, r, len(seen[r]))
         assert [p.stats["rounds"] for p in ports] == [12] * world
+        plans = dict(ports[0]._plans)
         assert ports[0].own_round((ADD, ADD), (0, 3)) is None  # a stream without words
         assert ports[0].own_round((ADD,), (SMALL_WORDS + 1,)) is None  # not a small plan
+        assert ports[0]._plans == plans  # shapes without own arrays get no plan (none evicted for them)
     finally:
         for p in ports:
             p.close()

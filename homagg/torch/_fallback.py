@@ -121,7 +121,7 @@ class PathPort(SwitchPort):
         self._fallback_at = 0.0
         self._host_link = SwitchLink(self._host, "host")  # what :attr:`link` is on the host path
         self._closing: list[threading.Thread] = []  # closes of failed links, joined by close()
-        self._own_rounds: dict[int, PathRound] = {}  # own_round's wrappers, by id of the inner round
+        self._own_round: PathRound | None = None  # own_round's last wrapper
 
     # ------------------------------------------------------------------ rounds
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
@@ -138,15 +138,13 @@ class PathPort(SwitchPort):
 
     def own_round(self, ops: tuple[CombineOp, ...], lengths: tuple[int, ...]) -> OwnRound | None:
         """:meth:`SwitchPort.own_round` on the switch path: the link's port's, run through this
-        port's rounds (:class:`~homagg.torch._path_round.PathRound`; kept per inner round)."""
+        port's rounds (:class:`~homagg.torch._path_round.PathRound`; the last one is kept)."""
         inner = self.link.port.own_round(ops, lengths) if self.path != "host" else None
         if inner is None:
             return None
-        held = self._own_rounds.get(id(inner))
-        if held is None or held.inner is not inner:
-            if len(self._own_rounds) >= 64:  # plans come and go with their ports: drop the stale ones
-                self._own_rounds.clear()
-            held = self._own_rounds[id(inner)] = PathRound(self, inner)
+        held = self._own_round
+        if held is None or held.inner is not inner:  # a steady call's shape repeats: keep the last wrapper
+            held = self._own_round = PathRound(self, inner)
         return held
 
     def _round(self, run: Callable[[SwitchPort], list[Any]], streams: Callable[[], Sequence[Stream]],

@@ -89,7 +89,7 @@ from ._sockets import join_results_group, send_datagram, set_buffers
 from ._liveness import JobSighting, Liveness
 from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
 from ._roundloop import DUPTHRESH
-from ._roundplan import PLANS, RoundPlan
+from ._roundplan import PLANS, SMALL_WORDS, RoundPlan
 from ._window import INITIAL_WINDOW, CongestionWindow
 
 __all__ = ["UdpSwitchPort", "DUPTHRESH", "SPARE_ARRAYS"]
@@ -304,7 +304,11 @@ class UdpSwitchPort(SwitchPort):
         if not self.native:
             return None
         key = (lengths, ops)
-        plan = self._plans.get(key) or self._plan(*key)
+        plan = self._plans.get(key)
+        if plan is None:
+            if not all(lengths) or sum(lengths) > SMALL_WORDS:  # no own arrays: make no plan for it
+                return None
+            plan = self._plan(*key)
         return plan.own_round(self, ops)
 
     def _plan(self, lengths: tuple[int, ...], ops: tuple[int, ...]) -> RoundPlan:

@@ -67,10 +67,10 @@ import torch.distributed as dist
 
 from .._errors import HomAggError, PathWarning, ProtocolError, TransportError
 from ..codec import WorkerStats
-from ..transport import CombineOp, GlooSwitchPort, OwnRound, Stream, SwitchPort, VerifyOnce, array_streams, transport_error
+from ..transport import CombineOp, GlooSwitchPort, OwnRound, Stream, SwitchPort, transport_error
 from ._comeback import GIVE_UP, TRY, ReturnSchedule, canary
 from ._link import SwitchLink, close_quietly
-from ._path_round import PathRound
+from ._path_round import PathRound, arrays_round
 
 __all__ = ["PathPort"]
 
@@ -130,11 +130,8 @@ class PathPort(SwitchPort):
     def combine_arrays(self, ops: Sequence[CombineOp], words: Sequence[np.ndarray],
                        verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
         """:meth:`combine` of host arrays (the small path): the same paths and fallback; ``verify`` runs once."""
-        once = None if verify is None else VerifyOnce(verify)
-        out = self._round(lambda port: port.combine_arrays(ops, words, once), lambda: array_streams(ops, words, once),
-                          list)  # as tensors only if a recovery broadcasts them (see _recover)
-        out = [a if isinstance(a, np.ndarray) else a.numpy() for a in out]  # a fallback's are tensors
-        return out if once is None else once.ensure(out)  # also where a fallback's recovery did not verify
+        return arrays_round(self, lambda port, once: port.combine_arrays(ops, words, once), ops, lambda: words, verify,
+                            list)  # as tensors only if a recovery broadcasts them (see _recover)
 
     def own_round(self, ops: tuple[CombineOp, ...], lengths: tuple[int, ...]) -> OwnRound | None:
         """:meth:`SwitchPort.own_round` on the switch path: the link's port's, run through this

@@ -15,14 +15,27 @@ Invariant: :meth:`PathRound.run` is the path port's ``combine_arrays`` of ``ops`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..transport import OwnRound, VerifyOnce, array_streams
+from ..transport import CombineOp, OwnRound, VerifyOnce, array_streams
 
-__all__ = ["PathRound"]
+__all__ = ["PathRound", "arrays_round"]
+
+
+def arrays_round(path: Any, run: Callable[[Any, VerifyOnce | None], list[np.ndarray]], ops: Sequence[CombineOp],
+                 words: Callable[[], Sequence[np.ndarray]], verify: Callable[[np.ndarray], None] | None,
+                 keep: Callable[[list[np.ndarray]], list[Any]]) -> list[np.ndarray]:
+    """One round of host arrays through ``path`` (a ``PathPort``'s ``_round``): ``run(port, once)``
+    on the path in use; on a transport error the fallback with ``words()`` (the words this rank was
+    sending); ``keep(results)`` becomes ``last``.  Returns numpy arrays (a fallback's tensors
+    converted); ``verify`` runs exactly once, also where a fallback's recovery did not verify."""
+    once = None if verify is None else VerifyOnce(verify)
+    out = path._round(lambda port: run(port, once), lambda: array_streams(ops, words(), once), keep)
+    out = [a if isinstance(a, np.ndarray) else a.numpy() for a in out]  # a fallback's are tensors
+    return out if once is None else once.ensure(out)
 
 
 def _copies(out: list[np.ndarray]) -> list[np.ndarray]:
@@ -41,8 +54,6 @@ class PathRound(OwnRound):
         inner, path = self.inner, self.path
         if path.path == "host":  # the switch failed since this round was handed out: the host path's round
             return path.combine_arrays(self.ops, [w.copy() for w in self.ins], verify)
-        once = None if verify is None else VerifyOnce(verify)
-        out = path._round(lambda port: inner.run(once),
-                          lambda: array_streams(self.ops, [w.copy() for w in self.ins], once), _copies)
-        out = [a if isinstance(a, np.ndarray) else a.numpy() for a in out]  # a fallback's are tensors
-        return out if once is None else once.ensure(out)
+        # ``last`` keeps copies: the own arrays are overwritten by the port's next round
+        return arrays_round(path, lambda port, once: inner.run(once), self.ops, lambda: [w.copy() for w in self.ins],
+                            verify, _copies)

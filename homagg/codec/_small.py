@@ -56,8 +56,8 @@ from . import _descriptor
 from ._config import CodecConfig
 from ._fixedpoint import float_words, from_limbs
 from ._history import Agreed, History
-from ._small_grid import (EMPTY, changed_figure, dequantize, exponent_tensor, grid, local_exponent, nonzero_rows,
-                          previous_exponent, quantize)
+from ._small_grid import (EMPTY, changed_figure, decode, dequantize, exponent_tensor, grid, local_exponent,
+                          nonzero_rows, previous_exponent, quantize)
 from ._stats import WorkerStats
 
 __all__ = ["takes", "allreduce"]
@@ -121,13 +121,13 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
     prior = history.get(slot) if history is not None else None
     stats.schemes["dense"] += 1
     if dtype in _FLOATS:
-        limbs = float_words(cfg.precision, world)
+        steady = _steady(n, dtype, scheme, world, cfg.precision, cfg.guess_window)
+        limbs = steady.limbs
         values = host.tolist() if n <= _SCALAR else (
             host.astype(np.float64) if view is not None else host.to(torch.float64).numpy())
         previous = previous_exponent(prior)
         if previous is not None and prior is not None and min(prior.changed, prior.changed_before) * n * limbs <= 1:
             # steady: quantise under the guess (``_schemes._guess_pays`` for one block)
-            steady = _steady(n, dtype, scheme, world, limbs, cfg.guess_window)
             out, exponents, changed, union = steady.call(port, stats, values, previous)
         else:
             call = _Call(port, stats, n, dtype, scheme, world)
@@ -257,7 +257,8 @@ class _Steady:
 
     __slots__ = ("n", "limbs", "p", "limit", "slack", "raise_by", "head", "value_bytes", "lengths")
 
-    def __init__(self, n: int, dtype: torch.dtype, scheme: str, world: int, limbs: int, window: bool) -> None:
+    def __init__(self, n: int, dtype: torch.dtype, scheme: str, world: int, precision: str, window: bool) -> None:
+        limbs = float_words(precision, world)
         self.n, self.limbs = n, limbs
         self.p, self.limit, self.slack = grid(world, limbs, dtype == torch.float64, window)
         self.raise_by = self.slack // 2
@@ -303,14 +304,15 @@ class _Steady:
             sent["redo"] += self.value_bytes
             sums = port.combine_arrays(_ADD_ONLY, [quantize(values, agreed, p, limit, limbs)])[0]
             used = agreed
-        return (dequantize(sums, used, p, limbs, isinstance(values, list)), exponent_tensor(agreed),
-                changed_figure(previous, agreed, slack), nonzero_rows(sums, limbs))
+        out, union = decode(sums, used, p, limbs, isinstance(values, list))
+        return out, exponent_tensor(agreed), changed_figure(previous, agreed, slack), union
 
 
 @lru_cache(maxsize=1024)
-def _steady(n: int, dtype: torch.dtype, scheme: str, world: int, limbs: int, window: bool) -> _Steady:
-    """The kept :class:`_Steady` of a call signature (read-only once made)."""
-    return _Steady(n, dtype, scheme, world, limbs, window)
+def _steady(n: int, dtype: torch.dtype, scheme: str, world: int, precision: str, window: bool) -> _Steady:
+    """The kept :class:`_Steady` of a float call signature (read-only once made; every float call
+    asks for it: its ``limbs`` are the call's words per value)."""
+    return _Steady(n, dtype, scheme, world, precision, window)
 
 
 # -------------------------------------------------------------------------------------- integers

@@ -21,7 +21,7 @@ from ._fixedpoint import EMPTY_EXPONENT, guess_slack, precision_bits
 from ._history import Agreed
 
 __all__ = ["EMPTY", "exponent_tensor", "previous_exponent", "changed_figure", "grid", "local_exponent", "quantize",
-           "dequantize", "nonzero_rows"]
+           "dequantize", "nonzero_rows", "decode"]
 
 EMPTY = EMPTY_EXPONENT
 #: 1-element int32 exponent tensors for the history, one per exponent (never mutated)
@@ -120,3 +120,16 @@ def nonzero_rows(sums: np.ndarray, limbs: int) -> int:
     if limbs == 1:
         return int(np.count_nonzero(sums))
     return int(np.count_nonzero(sums.reshape(-1, limbs).any(axis=1)))
+
+
+def decode(sums: np.ndarray, exponent: int, p: int, limbs: int, scalar: bool) -> tuple[list[float] | np.ndarray, int]:
+    """:func:`dequantize` and :func:`nonzero_rows` of ``sums`` at once (the steady call's decode:
+    one pass over the words where ``scalar``)."""
+    if not scalar:
+        return dequantize(sums, exponent, p, limbs, False), nonzero_rows(sums, limbs)
+    shift = 0 if exponent == EMPTY else exponent - p
+    ldexp, s = math.ldexp, sums.tolist()
+    if limbs == 1:
+        return [ldexp(v, shift) for v in s], len(s) - s.count(0)
+    pairs = range(0, len(s), 2)  # a row counts where either limb is nonzero (a carry may sum to 0)
+    return [ldexp(s[i + 1] * 65536 + s[i], shift) for i in pairs], sum(1 for i in pairs if s[i] or s[i + 1])

@@ -191,29 +191,29 @@ class ProcessGroupHomagg(ProcessGroup):
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
         avg = small_call(tensors, opts)
         if avg is not None and self._small.takes(tensors[0]):  # straight to the small-call path
-            op = dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM
-            return self._submit_small("allreduce", lambda: self._codec_allreduce(tensors, op, small=True))
+            return self._submit_small("allreduce", lambda: self._codec_allreduce(tensors, avg, small=True))
         op = reduce_op(opts)
         if codec_takes(tensors, op):
+            average = op == dist.ReduceOp.AVG
             if runs_inline(tensors, opts):  # small and synchronous: the caller's thread if the worker is idle
-                return self._submit_small("allreduce", lambda: self._codec_allreduce(tensors, op))
+                return self._submit_small("allreduce", lambda: self._codec_allreduce(tensors, average))
             compress = self.compressor is not None and torch._C._current_graph_task_id() != -1
-            return self._submit("allreduce", lambda: self._codec_allreduce(tensors, op, compress))
+            return self._submit("allreduce", lambda: self._codec_allreduce(tensors, average, compress))
         if op == dist.ReduceOp.AVG:
             dtypes = sorted({str(t.dtype) for t in tensors})
             raise InputError(f"homagg: ReduceOp.AVG needs dense floating-point tensors, got {dtypes}")
         gloo_opts = as_options(opts)
         return self._on_gloo("allreduce", lambda g: g.allreduce(tensors, gloo_opts), tensors, opts)
 
-    def _codec_allreduce(self, tensors: list[torch.Tensor], op: Any, compress: bool = False,
+    def _codec_allreduce(self, tensors: list[torch.Tensor], avg: bool, compress: bool = False,
                          small: bool = False) -> TaskResult:
-        """The codec's allreduce of each tensor (``small``: one that :class:`._routing.SmallCalls`
-        takes, on the small-call path without ``homagg.allreduce``'s dispatch)."""
+        """The codec's SUM of each tensor, divided by the world size where ``avg`` (``small``: one
+        that :class:`._routing.SmallCalls` takes, on the small-call path without
+        ``homagg.allreduce``'s dispatch)."""
         path = self._path
         port = path if path is not None else self.switch.port
         if path is not None:
             path.at_call_boundary()
-        avg = op == dist.ReduceOp.AVG
         try:
             for t in tensors:
                 if small:

@@ -198,7 +198,10 @@ class FifoWorker:
     ) -> None:
         self._timeout_s = timeout_s
         self._on_error = on_error
-        self._cond = threading.Condition()
+        #: the condition's own lock: ``with self._lock`` is ``with self._cond`` less its Python-level
+        #: ``__enter__``/``__exit__`` (run_inline takes it twice per call)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._queue: collections.deque[tuple[Callable[[], TaskResult], HomaggWork]] = collections.deque()
         self._closed = False
         self._busy = False  # a task runs (on the worker, or inline in a caller's thread)
@@ -230,7 +233,7 @@ class FifoWorker:
         the work, as on the worker; an interrupt (a ``BaseException``) propagates, and
         ``on_error`` gets a :class:`~homagg.TransportError` (the ranks may be out of step)."""
         me = threading.current_thread()
-        with self._cond:
+        with self._lock:
             if me is not self._thread and self._busy and not self._queue and self._inline is None:
                 # the worker is finishing a task, often the one the caller has just waited for (its
                 # completion wakes the caller before the worker is free: a barrier, then this call);
@@ -253,7 +256,7 @@ class FifoWorker:
                                         "thread; the ranks may be out of step"))
             raise
         finally:
-            with self._cond:
+            with self._lock:
                 self._busy, self._inline = False, None
                 if self._queue or self._closed:  # only then does a thread wait for this (an idle
                     self._cond.notify_all()  # worker woken for nothing costs a GIL hand-off per call)

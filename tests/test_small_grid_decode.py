@@ -30,3 +30,20 @@ def test_decode_is_dequantize_and_nonzero_rows(limbs: int, scalar: bool) -> None
             np.testing.assert_array_equal(values, want)
     if limbs == 2:
         assert decode(np.array([65536, -1], dtype=np.int32), 0, 40, 2, scalar)[1] == 1
+
+
+@pytest.mark.parametrize("limbs", [1, 2])
+def test_quantize_into_is_quantize(limbs: int) -> None:
+    """``quantize(..., out)`` (the steady call's write into the port's own array) writes the words
+    ``quantize`` returns, from Python numbers and from numpy arrays."""
+    from homagg.codec._small_grid import grid, quantize
+
+    p, limit, _ = grid(4, limbs, False, True)
+    rng = np.random.default_rng(11)
+    for trial in range(100):
+        values = rng.standard_normal(int(rng.integers(1, 40))) * 10.0 ** int(rng.integers(-3, 4))
+        exponent = EMPTY if trial % 13 == 0 else int(rng.integers(-8, 12))
+        for given in (values.tolist(), values):
+            out = np.full(values.size * limbs, -7, dtype=np.int32)
+            assert quantize(given, exponent, p, limit, limbs, out) is out
+            np.testing.assert_array_equal(out, quantize(given, exponent, p, limit, limbs))

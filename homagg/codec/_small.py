@@ -274,18 +274,17 @@ class _Steady:
         local = local_exponent(values)
         p, limit, limbs, slack = self.p, self.limit, self.limbs, self.slack
         guess = EMPTY if local == EMPTY else max(previous if previous == EMPTY else previous + self.raise_by, local)
-        words = quantize(values, guess, p, limit, limbs)
+        own = port.own_round(_OPS, self.lengths)  # the port's own arrays, where it keeps them
+        if own is None:
+            head, words = self.head.copy(), quantize(values, guess, p, limit, limbs)
+        else:
+            head, words = own.ins
+            np.copyto(head, self.head)
+            quantize(values, guess, p, limit, limbs, words)
         stats.rounds += 1
         sent = stats.bytes_per_stream
         sent[_descriptor.NAME] += 4 * _descriptor.LENGTH
         sent["values"] += self.value_bytes
-        own = port.own_round(_OPS, self.lengths)  # the port's own arrays, where it keeps them
-        if own is None:
-            head = self.head.copy()
-        else:
-            head, into = own.ins
-            np.copyto(head, self.head)
-            np.copyto(into, words)
         head[-2] = local
         head[-1] = EMPTY if guess == EMPTY else -guess
         # either runs the descriptor's check on its combined words exactly once; the own round's

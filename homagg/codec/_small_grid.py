@@ -86,20 +86,27 @@ def local_exponent(values: list[float] | np.ndarray) -> int:
     return math.frexp(peak)[1] if peak else EMPTY
 
 
-def quantize(values: list[float] | np.ndarray, exponent: int, p: int, limit: int, limbs: int) -> np.ndarray:
+def quantize(values: list[float] | np.ndarray, exponent: int, p: int, limit: int, limbs: int,
+             out: np.ndarray | None = None) -> np.ndarray:
     """int32 grid words of ``values`` under ``exponent`` (:func:`homagg.codec._blocks.quantize`):
-    each ``clamp(round(x * 2**(P - E)), +-limit)``, one word or the two limbs (low, high)."""
+    each ``clamp(round(x * 2**(P - E)), +-limit)``, one word or the two limbs (low, high); written
+    into ``out`` (int32, ``len(values) * limbs`` words) and returned where given, else a new array."""
     shift = 0 if exponent == EMPTY else p - exponent
     if isinstance(values, list):
         ldexp = math.ldexp
         qs = [min(max(round(ldexp(x, shift)), -limit), limit) for x in values]
-        if limbs == 1:
+        if limbs != 1:
+            qs = [w for q in qs for w in (q & 0xFFFF, q >> 16)]
+        if out is None:
             return np.array(qs, dtype=np.int32)
-        return np.array([w for q in qs for w in (q & 0xFFFF, q >> 16)], dtype=np.int32)
+        out[:] = qs
+        return out
     q = np.clip(np.rint(np.ldexp(values, shift)), -limit, limit).astype(np.int64)
-    if limbs == 1:
-        return q.astype(np.int32)
-    return np.stack([q & 0xFFFF, q >> 16], axis=1).reshape(-1).astype(np.int32)
+    words = q.astype(np.int32) if limbs == 1 else np.stack([q & 0xFFFF, q >> 16], axis=1).reshape(-1).astype(np.int32)
+    if out is None:
+        return words
+    np.copyto(out, words)
+    return out
 
 
 def dequantize(sums: np.ndarray, exponent: int, p: int, limbs: int, scalar: bool) -> list[float] | np.ndarray:

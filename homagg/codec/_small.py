@@ -52,7 +52,7 @@ import torch
 
 from ..transport import SwitchPort
 from ..wire import CombineOp
-from . import _descriptor
+from . import _descriptor, _small_native
 from ._config import CodecConfig
 from ._fixedpoint import float_words, from_limbs
 from ._history import Agreed, History
@@ -67,6 +67,8 @@ _INTS = frozenset({torch.int8, torch.uint8, torch.int16, torch.int32, torch.int6
 #: dtypes whose result a CPU tensor's numpy view takes directly (float16/bfloat16 go through torch's
 #: own conversion from float64, as the general path's)
 _NUMPY = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8})
+#: dtypes the native kernels read and write in the tensor's own memory (:mod:`._small_native`)
+_NATIVE = frozenset({torch.float32, torch.float64})
 _OPS = (CombineOp.MAX, CombineOp.ADD)
 _MAX_ONLY = (CombineOp.MAX,)
 _ADD_ONLY = (CombineOp.ADD,)
@@ -108,6 +110,21 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
     """The exact SUM of ``tensor`` over the workers behind ``port`` (see the module docstring);
     ``inplace``: written into ``tensor``, which is returned."""
     dtype, n, world = tensor.dtype, tensor.numel(), port.world_size
+    slot = (key, n, dtype, world, cfg.block_size)
+    prior = history.get(slot) if history is not None else None
+    steady: _Steady | None = None  # a float call's kept signature
+    previous: int | None = None  # the exponent the slot's last call agreed
+    guess_from: int | None = None  # ... where this call is steady: quantise under the guess
+    if dtype in _FLOATS:
+        steady = _steady(n, dtype, scheme, world, cfg.precision, cfg.guess_window)
+        previous = previous_exponent(prior)
+        if previous is not None and prior is not None and min(prior.changed, prior.changed_before) * n * steady.limbs <= 1:
+            guess_from = previous  # ``_schemes._guess_pays`` for one block
+            if inplace and steady.native_ok and tensor.is_cpu and tensor.is_contiguous():
+                done = steady.native(port, stats, tensor, previous)
+                if done is not None:
+                    _record(history, slot, prior, *done)
+                    return tensor
     view: np.ndarray | None = None  # a contiguous CPU tensor's own memory, when numpy can hold its dtype
     if dtype in _NUMPY and tensor.is_cpu and tensor.is_contiguous():
         view = (tensor.detach() if tensor.requires_grad else tensor).numpy()
@@ -117,18 +134,13 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
     else:
         flat = tensor.detach().reshape(-1)
         host = flat if flat.device.type == "cpu" else flat.cpu()
-    slot = (key, n, dtype, world, cfg.block_size)
-    prior = history.get(slot) if history is not None else None
     stats.schemes["dense"] += 1
-    if dtype in _FLOATS:
-        steady = _steady(n, dtype, scheme, world, cfg.precision, cfg.guess_window)
+    if steady is not None:
         limbs = steady.limbs
         values = host.tolist() if n <= _SCALAR else (
             host.astype(np.float64) if view is not None else host.to(torch.float64).numpy())
-        previous = previous_exponent(prior)
-        if previous is not None and prior is not None and min(prior.changed, prior.changed_before) * n * limbs <= 1:
-            # steady: quantise under the guess (``_schemes._guess_pays`` for one block)
-            out, exponents, changed, union = steady.call(port, stats, values, previous)
+        if guess_from is not None:
+            out, exponents, changed, union = steady.call(port, stats, values, guess_from)
         else:
             call = _Call(port, stats, n, dtype, scheme, world)
             call.limbs = limbs
@@ -142,9 +154,7 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
         out = _int_call(call, values, dtype)
         exponents, changed, union = None, 0.0, call.union
     if history is not None:
-        before = prior.changed if prior is not None else 0.0
-        if not _same(prior, exponents, union, changed, before):
-            history.put(slot, Agreed(exponents, union, changed, 0, before))
+        _record(history, slot, prior, exponents, changed, union)
     if inplace and view is not None:
         view[:] = out  # numpy's float64 -> float32 cast rounds as torch's copy_ does (C's cast)
         return tensor
@@ -160,6 +170,15 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
             tensor.copy_(result.reshape(tensor.shape))
         return tensor
     return result.to(dtype).reshape(tensor.shape).to(tensor.device)
+
+
+def _record(history: History, slot: Hashable, prior: Agreed | None, exponents: torch.Tensor | None, changed: float,
+            union: int) -> None:
+    """The call's record in ``history`` (``prior``: the slot's before the call), unless the stored
+    one says the same (:func:`_same`)."""
+    before = prior.changed if prior is not None else 0.0
+    if not _same(prior, exponents, union, changed, before):
+        history.put(slot, Agreed(exponents, union, changed, 0, before))
 
 
 def _same(prior: Agreed | None, exponents: torch.Tensor | None, union: int, changed: float,
@@ -255,7 +274,7 @@ class _Steady:
     Invariant: the words sent, the rounds, the statistics and the results are :class:`_Call`'s
     (the first round's descriptor and spare words, the ADD redo round), bit for bit."""
 
-    __slots__ = ("n", "limbs", "p", "limit", "slack", "raise_by", "head", "value_bytes", "lengths")
+    __slots__ = ("n", "limbs", "p", "limit", "slack", "raise_by", "head", "value_bytes", "lengths", "is64", "native_ok")
 
     def __init__(self, n: int, dtype: torch.dtype, scheme: str, world: int, precision: str, window: bool) -> None:
         limbs = float_words(precision, world)
@@ -265,6 +284,52 @@ class _Steady:
         self.head = _head(n, dtype, scheme, world, _descriptor.SPARE + n * limbs, limbs)  # copied per call
         self.value_bytes = 4 * n * limbs
         self.lengths = (_descriptor.LENGTH, n * limbs)
+        self.is64 = dtype == torch.float64
+        #: whether :meth:`native` may run (float32 and float64, where the library has the kernels)
+        self.native_ok = _small_native.AVAILABLE and dtype in _NATIVE
+
+    def native(self, port: SwitchPort, stats: WorkerStats, tensor: torch.Tensor,
+               previous: int) -> tuple[torch.Tensor, float, int] | None:
+        """:meth:`call` of a contiguous CPU float32/float64 ``tensor`` (:attr:`native_ok`), in
+        place, with the C kernels on the port's own arrays (no Python numbers, lists or arrays per
+        call; the signature's :class:`~homagg.codec._small_native.SmallKernel` is kept with them,
+        one per port: a port's rounds run one at a time); returns the agreed exponent's tensor,
+        ``changed`` and the union count, or None where it does not run (the port keeps no own
+        arrays; a NaN or an infinity, whose error :meth:`call` raises): then nothing was sent or
+        counted."""
+        own = port.own_round(_OPS, self.lengths)
+        if own is None:
+            return None
+        kernel = own.kept.get(self)
+        if kernel is None:
+            kernel = own.kept[self] = _small_native.SmallKernel(self.n, self.limbs, self.is64, self.p, self.limit,
+                                                                self.slack, self.raise_by, self.head)
+        head, words = own.ins
+        address = tensor.data_ptr()
+        if kernel.encode(address, previous, head, words) != _small_native.ENCODED:
+            return None
+        stats.schemes["dense"] += 1
+        stats.rounds += 1
+        sent = stats.bytes_per_stream
+        sent[_descriptor.NAME] += 4 * _descriptor.LENGTH
+        sent["values"] += self.value_bytes
+        combined = own.run(_descriptor.AGREEMENT)  # the descriptor's check runs exactly once (see call)
+        if kernel.decode(combined[0], combined[1], address) == _small_native.DECODED:
+            agreed, union = kernel.agreed, kernel.union
+        else:  # the guess missed the window (the tensor still holds the inputs): redo under ``agreed``
+            agreed = kernel.agreed
+            values = tensor.detach().reshape(-1).tolist()
+            out, union = decode(self._redo(port, stats, values, agreed), agreed, self.p, self.limbs, True)
+            tensor.detach().numpy().reshape(-1)[:] = out
+        return exponent_tensor(agreed), changed_figure(previous, agreed, self.slack), union
+
+    def _redo(self, port: SwitchPort, stats: WorkerStats, values: list[float] | np.ndarray, agreed: int) -> np.ndarray:
+        """The ADD round again under the ``agreed`` exponent (the guess missed its window): the sums."""
+        stats.rounds += 1
+        stats.redos += 1
+        stats.redone += self.n
+        stats.bytes_per_stream["redo"] += self.value_bytes
+        return port.combine_arrays(_ADD_ONLY, [quantize(values, agreed, self.p, self.limit, self.limbs)])[0]
 
     def call(self, port: SwitchPort, stats: WorkerStats, values: list[float] | np.ndarray,
              previous: int) -> tuple[list[float] | np.ndarray, torch.Tensor, float, int]:
@@ -297,11 +362,7 @@ class _Steady:
         if agreed == EMPTY:
             used = agreed
         elif used < agreed or used > agreed + slack:  # a guess outside the window: redo under ``agreed``
-            stats.rounds += 1
-            stats.redos += 1
-            stats.redone += self.n
-            sent["redo"] += self.value_bytes
-            sums = port.combine_arrays(_ADD_ONLY, [quantize(values, agreed, p, limit, limbs)])[0]
+            sums = self._redo(port, stats, values, agreed)
             used = agreed
         out, union = decode(sums, used, p, limbs, isinstance(values, list))
         return out, exponent_tensor(agreed), changed_figure(previous, agreed, slack), union

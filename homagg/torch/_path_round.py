@@ -49,6 +49,7 @@ class PathRound(OwnRound):
         self.path, self.inner = path, inner
         self.ops = inner.ops
         self.ins = inner.ins
+        self.kept = inner.kept  # the same arrays: the same entries
 
     def run(self, verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
         inner, path = self.inner, self.path

@@ -25,7 +25,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -227,6 +227,10 @@ class OwnRound(abc.ABC):
     ops: tuple[CombineOp, ...]
     #: the round's input arrays (1-D int32, one per stream, the shape's lengths): the caller's to fill
     ins: list[np.ndarray]
+    #: what callers keep with these arrays, by a key of their own (the codec's encoder bound to
+    #: :attr:`ins`: :class:`homagg.codec._small_native.SmallKernel`); one dict per port and shape,
+    #: so a port's rounds, one at a time, never share an entry with another port's
+    kept: dict[Any, Any]
 
     @abc.abstractmethod
     def run(self, verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:

@@ -205,6 +205,7 @@ class PlanRound(OwnRound):
         self.port, self.plan, self.ops = port, plan, ops
         self.ins: list[np.ndarray] = plan.own_in
         self._outs: list[np.ndarray] = plan.own_out
+        self.kept: dict[Any, Any] = {}
 
     def run(self, verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
         port = self.port

@@ -17,7 +17,10 @@ block_size`` (one exponent block) and scheme ``auto`` or ``dense`` takes this pa
   a steady call (:class:`_Steady`) writes them into the port's own arrays where it keeps them
   (:meth:`~homagg.transport.SwitchPort.own_round`: no copies, checks or new arrays), and the
   descriptor goes as :data:`~homagg.codec._descriptor.AGREEMENT`, which the native datapath
-  judges in C (the Python check runs only where ranks disagree, for its message).
+  judges in C (the Python check runs only where ranks disagree, for its message);
+* a steady in-place call of a contiguous CPU float32/float64 tensor encodes and decodes in C
+  (:meth:`_Steady.native`, :mod:`homagg.codec._small_native`): the elements read from the tensor's
+  memory into the own arrays and the sums written back, no Python numbers in between.
 
 Rounds (``L`` words per value, ``n`` elements):
 

@@ -119,7 +119,9 @@ def test_native_kernels_check_their_per_block_arrays() -> None:
     with pytest.raises(ValueError, match="per-block"):
         _native.quantize32(x, 4, np.ones(2, dtype=np.float32), None, 100.0, out)  # 3 blocks need 3 factors
     with pytest.raises(ValueError, match="per-block"):
-        _native.dequantize32(out, 4, np.ones(4, dtype=np.float32), np.empty(10, dtype=np.float32))
+        factors = np.ones(4, dtype=np.float32)  # 10 elements in blocks of 4: 3 factors, not 4
+        _native.dequantize32_at(out.ctypes.data, np.empty(10, dtype=np.float32).ctypes.data, 10, 4,
+                                factors.ctypes.data, factors.size)
 
 
 def test_word_pool_reuses_only_unreferenced_arrays() -> None:

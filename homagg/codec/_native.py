@@ -16,7 +16,7 @@ import numpy as np
 from .._cext import load_library
 
 __all__ = ["AVAILABLE", "pack32", "scan32", "set_bits32", "bit_ranks32", "gather32", "decode_into32", "block_peaks32",
-           "quantize32", "quantize_at64", "dequantize32", "dequantize32_at", "quantize_place64", "decode_bits32",
+           "quantize32", "quantize_at64", "dequantize32_at", "quantize_place64", "decode_bits32",
            "count_bits32", "block_peaks_at64", "select_bits32", "place_bits32", "FILL_QUANTIZE32",
            "quantize32_wide", "dequantize_wide", "WIDE"]
 
@@ -281,24 +281,12 @@ def quantize_at64(idx: np.ndarray, values: np.ndarray, block_size: int, f1: np.n
     return out
 
 
-def dequantize32(sums: np.ndarray, block_size: int, factor: np.ndarray, out: np.ndarray) -> int:
-    """``out = sums.astype(float32) * factor[block]`` for contiguous int32 ``sums``, float32
-    ``out`` and one float32 factor per block; returns ``count_nonzero(sums)`` (same pass)."""
-    assert _LIB is not None and sums.dtype == np.int32 and sums.flags.c_contiguous
-    assert out.dtype == np.float32 and out.flags.c_contiguous and out.size == sums.size
-    factor = np.ascontiguousarray(factor, dtype=np.float32)
-    _blocks_of(sums.size, block_size, factor, "dequantize32")
-    if not sums.size:
-        return 0
-    return int(_LIB.homagg_dequantize32(sums.ctypes.data, sums.size, block_size, factor.ctypes.data, out.ctypes.data))
-
-
 def dequantize32_at(sums: int, out: int, n: int, block_size: int, factor: int, blocks: int) -> int:
-    """:func:`dequantize32` on addresses (a steady dense decode's: tensors' ``data_ptr()`` and a kept
-    factor array's address, no numpy views or ``ctypes.data`` per call): ``n`` contiguous int32 sums
-    at ``sums``, ``n`` contiguous float32 results at ``out``, ``blocks`` float32 factors at
-    ``factor``.  The caller guarantees those; :class:`ValueError` unless ``blocks`` is one factor
-    per block."""
+    """``out = float32(sums) * factor[block]`` on addresses (a steady dense decode's: tensors'
+    ``data_ptr()`` and a kept factor array's address, no numpy views or ``ctypes.data`` per call):
+    ``n`` contiguous int32 sums at ``sums``, ``n`` contiguous float32 results at ``out``,
+    ``blocks`` float32 factors at ``factor``; returns how many sums are nonzero (the same pass).
+    The caller guarantees those; :class:`ValueError` unless ``blocks`` is one factor per block."""
     assert _LIB is not None
     if block_size < 1 or n < 0 or blocks != -(-n // block_size):
         raise ValueError(f"dequantize32_at: {blocks} per-block values for {n} elements in blocks of {block_size}")

@@ -110,10 +110,25 @@ def switch():
         yield sw
 
 
+def _placed(t: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``t``'s values as the tensor a call gets: ``flat``, ``matrix`` (2-D), ``scalar`` (0-d, one
+    element), ``offset`` (a contiguous view 3 elements into a zeroed buffer: also returned)."""
+    if layout == "matrix":
+        return t.clone().reshape(1, -1), None
+    if layout == "scalar":
+        return t.clone().reshape(()), None
+    if layout == "offset":
+        buf = torch.zeros(t.numel() + 3, dtype=t.dtype)
+        buf[3:] = t
+        return buf[3:], buf
+    return t.clone(), None
+
+
 def _steady_calls(switch, world: int, dtype: torch.dtype, n: int, native: bool, scales: list[float],
-                  precision: str) -> tuple[list[list[torch.Tensor]], list[list[WorkerStats]], list[History]]:
+                  precision: str, layout: str = "flat"
+                  ) -> tuple[list[list[torch.Tensor]], list[list[WorkerStats]], list[History]]:
     """A sequence of in-place small calls (the scales move the exponent: steady guesses, windows,
-    redos) on fresh UDP ports; the kernels on or off."""
+    redos) on fresh UDP ports; the kernels on or off; the tensors laid out as :func:`_placed` says."""
     job, ports = _ports(switch, world, True, k=64, slots=4)
     cfg = CodecConfig(precision=precision)
     histories = [History() for _ in range(world)]
@@ -128,9 +143,11 @@ def _steady_calls(switch, world: int, dtype: torch.dtype, n: int, native: bool, 
     def rank(r: int) -> list[torch.Tensor]:
         out = []
         for i, call in enumerate(inputs):
-            t = call[r].clone()
+            t, buf = _placed(call[r], layout)
             _small.allreduce(t, ports[r], "auto", cfg, stats[r][i], True, histories[r], None)
-            out.append(t)
+            if buf is not None:  # nothing written outside the view
+                assert (buf[:3] == 0).all()
+            out.append(t.reshape(-1).clone())
         return out
 
     kept = _small_native.AVAILABLE
@@ -177,3 +194,16 @@ def test_steady_calls_with_the_kernels_are_the_python_calls(switch, dtype: torch
     for i in range(len(scales)):
         for r in range(world):
             assert torch.equal(fast[r][i], fast[0][i])
+
+
+@pytest.mark.skipif(not DATAPATH, reason="the native datapath was not built (no own arrays)")
+@pytest.mark.parametrize(("layout", "n"), [("matrix", 6), ("scalar", 1), ("offset", 5)])
+def test_kernels_read_and_write_the_tensors_own_memory(switch, layout: str, n: int) -> None:
+    """A 2-D tensor, a 0-d one and a view into a larger buffer (its ``data_ptr`` is past the
+    buffer's): the same results with and without the kernels, and nothing written outside."""
+    scales = [1.0, 1.0, 40.0, 1.0, 1.0]
+    fast, _, _ = _steady_calls(switch, 2, torch.float32, n, True, scales, "auto", layout)
+    slow, _, _ = _steady_calls(switch, 2, torch.float32, n, False, scales, "auto", layout)
+    for r in range(2):
+        for a, b in zip(fast[r], slow[r], strict=True):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32))

@@ -98,6 +98,29 @@ def test_synchronous_gloo_side_ops_run_inline(world: int) -> None:
 
 
 @pytest.mark.parametrize("world", [2, 3])
+def test_barrier_after_switch_rounds_is_the_agreement(world: int) -> None:
+    """After switch rounds a barrier is the path port's agreement alone (every rank in it, nothing
+    failed: no second collective), and it still holds every rank until the last one arrives (the
+    ranks enter 0.15 s apart); a barrier with no switch round before it is gloo's own."""
+    values = outcome(world, "barrier_header")
+    for value in values:
+        assert value["path"] == "switch" and value["sum"] == [float(world)], value
+        assert value["after_switch"]["gloo_barriers"] == 0 and value["plain"]["gloo_barriers"] == 1, value
+    for which in ("after_switch", "plain"):
+        last_in = max(v[which]["entered"] for v in values)
+        assert min(v[which]["left"] for v in values) >= last_in, (which, values)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_allgather_without_options(world: int) -> None:
+    """``group.allgather(outs, ins)`` and ``_allgather_base`` with no options: torch's default
+    options (an ``AttributeError`` before: ``torch.distributed`` does not re-export them)."""
+    for value in outcome(world, "allgather"):
+        assert value["outs"] == [[float(r)] * 2 for r in range(world)], value
+        assert value["single"] == [float(r) for r in range(world) for _ in range(2)], value
+
+
+@pytest.mark.parametrize("world", [2, 3])
 def test_failing_small_call_is_typed_as_on_the_worker(world: int) -> None:
     for value in outcome(world, "failure"):
         inline, worker, want = value["inline"], value["worker"], value["nonfinite"]

@@ -35,7 +35,10 @@ Headers.  A rank that finished a call on the switch may go on to a gloo operatio
 barrier) while another rank still waits for that call's last round: before the first gloo
 operation after switch rounds each rank runs the same agreement (:meth:`PathPort.before_gloo_op`)
 with nothing failed, so a waiting rank's agreement and the finished rank's header are the same
-collective.
+collective (an allgather of every rank's state, rounds and calls).  Where every rank was in it with
+nothing failed, each entered it as the header of the same operation: a barrier is then that
+collective alone (the group skips gloo's); where a rank failed, that rank joined from inside its
+call and meets the others' barrier later, on gloo.
 
 Closing.  A rank that finished the last call on the switch may close the group while another still
 waits for that call's last result.  :meth:`PathPort.close` runs the same agreement first, bounded by
@@ -64,6 +67,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
 from .._errors import HomAggError, PathWarning, ProtocolError, TransportError
 from ..codec import WorkerStats
@@ -179,11 +183,14 @@ class PathPort(SwitchPort):
         self._to_host(f"rank {self.rank}: {exc}", detect_s, time.monotonic() - t0)
         return out
 
-    def before_gloo_op(self) -> None:
+    def before_gloo_op(self) -> bool:
         """Header of a gloo operation on the worker: after switch rounds, agree that nobody still
-        waits for one (a waiting rank's agreement is this same collective)."""
+        waits for one (a waiting rank's agreement is this same collective).  Returns whether the
+        agreement ran and every rank was in it with nothing failed: then each rank entered it as the
+        header of this same operation, and no rank left it before all had entered (a barrier needs
+        nothing more).  Where a rank failed, it joined from inside its call: not this operation."""
         if self.path != "switch" or not self._dirty or self.policy == "error":
-            return
+            return False
         t0 = time.monotonic()
         table = self._agree(_OK)
         self._dirty = False
@@ -195,6 +202,8 @@ class PathPort(SwitchPort):
         if failed:
             self._recover(table, None)
             self._to_host(f"ranks {failed} lost the switch", 0.0, time.monotonic() - t0)
+            return False
+        return True
 
     def abort(self, exc: BaseException) -> None:
         """This rank leaves the current call with an error a fallback cannot fix (non-finite input,
@@ -217,11 +226,16 @@ class PathPort(SwitchPort):
         (:meth:`at_call_boundary`) is the first call that no rank had started at the agreement, so
         a rank that fell back inside call ``c`` and one that fell back inside call ``c + 1`` sync
         at the same boundary."""
-        rows = torch.zeros(self.world_size, 3, dtype=torch.int64)
-        rows[self.rank, 0], rows[self.rank, 1], rows[self.rank, 2] = state, self.rounds, self._calls
-        self._allreduce(rows, dist.ReduceOp.SUM, "agreement on the switch failure", bound_s)
-        self._sync_from = int(rows[:, 2].max()) + 1
-        return [(int(s), int(n)) for s, n, _ in rows.tolist()]
+        mine = torch.tensor([state, self.rounds, self._calls], dtype=torch.int64)
+        rows = [torch.empty(3, dtype=torch.int64) for _ in range(self.world_size)]
+        opts = AllgatherOptions()
+        if bound_s is not None:
+            opts.timeout = timedelta(seconds=bound_s)
+        # one exchange of every rank's row (an allgather: W - 1 steps where an allreduce takes twice that)
+        self._gloo_call("agreement on the switch failure", lambda: self._gloo.allgather([rows], [mine], opts), bound_s)
+        table = torch.stack(rows).tolist()
+        self._sync_from = max(calls for _, _, calls in table) + 1
+        return [(s, n) for s, n, _ in table]
 
     def _recover(self, table: list[tuple[int, int]], streams: Sequence[Stream] | None) -> list[torch.Tensor] | None:
         """Complete the round the ranks that failed were in; return this rank's result of it (None

@@ -54,6 +54,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
+from torch.distributed.distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
 from .._errors import HomAggError, InputError, TransportError
 from ..transport import transport_error
@@ -245,12 +246,12 @@ class ProcessGroupHomagg(ProcessGroup):
     ) -> HomaggWork:
         outs = [list(o) for o in output_tensors]
         ins = list(input_tensors)
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else AllgatherOptions()
         flat = [t for o in outs for t in o]
         return self._on_gloo("allgather", lambda g: g.allgather(outs, ins, opts), flat, opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> HomaggWork:  # noqa: A002
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else AllgatherOptions()
         return self._on_gloo("all_gather_single", lambda g: g._allgather_base(output, input, opts), [output], opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> HomaggWork:  # noqa: A002
@@ -258,7 +259,7 @@ class ProcessGroupHomagg(ProcessGroup):
 
     def barrier(self, opts: Any = None) -> HomaggWork | CompletedWork:
         opts = opts if opts is not None else dist.BarrierOptions()
-        return self._on_gloo("barrier", lambda g: g.barrier(opts), [], opts)
+        return self._on_gloo("barrier", lambda g: g.barrier(opts), [], opts, header_suffices=True)
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
         """Barrier that names the ranks that did not arrive (gloo's ``monitored_barrier`` semantics).
@@ -313,18 +314,22 @@ class ProcessGroupHomagg(ProcessGroup):
         if self._broken is None:
             self._broken = exc
 
-    def _on_gloo(self, op: str, call: Any, result: list[torch.Tensor], opts: Any = None) -> HomaggWork | CompletedWork:
+    def _on_gloo(self, op: str, call: Any, result: list[torch.Tensor], opts: Any = None,
+                 header_suffices: bool = False) -> HomaggWork | CompletedWork:
         """Queue ``op``, run by ``call`` on the private gloo group in the worker thread (in the
         caller's when ``opts`` say synchronous and the worker is idle: :func:`._routing.sync_outside_backward`);
         gloo's failures (e.g. the plain ``RuntimeError`` of a peer that is gone) become the typed
-        :func:`~homagg.transport.transport_error` of ``op``."""
+        :func:`~homagg.transport.transport_error` of ``op``.  ``header_suffices`` (a barrier): where
+        the path port's agreement after switch rounds ran with every rank in it, that collective was
+        the operation (:meth:`~homagg.torch._fallback.PathPort.before_gloo_op`): ``call`` is skipped."""
 
         def task() -> TaskResult:
             gloo = self._private
             if gloo is None:
                 raise TransportError("homagg process group is shut down")
-            if self._path is not None:
-                self._path.before_gloo_op()  # nobody may still wait for a switch round (see _fallback)
+            # nobody may still wait for a switch round (see _fallback)
+            if self._path is not None and self._path.before_gloo_op() and header_suffices:
+                return result
             t0 = time.monotonic()
             try:
                 work = call(gloo)

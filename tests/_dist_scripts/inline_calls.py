@@ -149,6 +149,55 @@ def check_gloo_side() -> dict:
     return out
 
 
+class _CountingGloo:
+    """The group's private gloo group, counting the barriers asked of it (all else forwarded)."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.barriers = inner, 0
+
+    def barrier(self, *args: object, **kwargs: object) -> object:
+        self.barriers += 1
+        return self.inner.barrier(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def _timed_barrier() -> dict:
+    """A ``dist.barrier()`` entered after a stagger (rank r waits 0.15 s * r): when this rank
+    entered and left it (wall clock, comparable across the ranks of one host)."""
+    time.sleep(0.15 * RANK)
+    entered = time.time()
+    dist.barrier()
+    return {"entered": entered, "left": time.time()}
+
+
+def check_barrier_header() -> dict:
+    """A barrier after switch rounds is the path port's agreement (no gloo barrier asked for); one
+    with no switch round since is gloo's; both hold every rank until the last arrives."""
+    counting = _CountingGloo(PG._private)
+    PG._private = counting
+    try:
+        x = torch.ones(1)
+        dist.all_reduce(x)  # a switch round: the next gloo-side operation runs the agreement first
+        after_switch = _timed_barrier()
+        after_switch["gloo_barriers"] = counting.barriers
+        plain = _timed_barrier()  # nothing since the agreement: gloo's barrier
+        plain["gloo_barriers"] = counting.barriers - after_switch["gloo_barriers"]
+        return {"after_switch": after_switch, "plain": plain, "sum": x.tolist(), "path": PG.path}
+    finally:
+        PG._private = counting.inner
+
+
+def check_allgather_without_options() -> dict:
+    """The group's allgathers called directly with no options (torch always passes some)."""
+    outs = [torch.zeros(2) for _ in range(WORLD)]
+    PG.allgather([outs], [torch.full((2,), float(RANK))]).wait()
+    single = torch.zeros(2 * WORLD)
+    PG._allgather_base(single, torch.full((2,), float(RANK))).wait()
+    return {"outs": [o.tolist() for o in outs], "single": single.tolist()}
+
+
 def _outcome(fn) -> str:
     try:
         fn()
@@ -188,5 +237,7 @@ def check_failure() -> dict:
 
 
 write_result(run_checks([("completed", check_completed), ("fifo", check_fifo), ("chained", check_chained),
-                         ("backward", check_backward), ("gloo_side", check_gloo_side), ("failure", check_failure)]))
+                         ("backward", check_backward), ("gloo_side", check_gloo_side),
+                         ("barrier_header", check_barrier_header), ("allgather", check_allgather_without_options),
+                         ("failure", check_failure)]))
 dist.destroy_process_group()

@@ -112,14 +112,20 @@ def quantize(values: list[float] | np.ndarray, exponent: int, p: int, limit: int
 def dequantize(sums: np.ndarray, exponent: int, p: int, limbs: int, scalar: bool) -> list[float] | np.ndarray:
     """float64 values ``sum * 2**(E - P)`` (exact: |sum| < 2**47), rounded once to the dtype by
     the caller's conversion, as :func:`homagg.codec._blocks.dequantize_into`."""
-    shift = 0 if exponent == EMPTY else exponent - p
     if scalar:
-        ldexp, s = math.ldexp, sums.tolist()
-        if limbs == 1:
-            return [ldexp(v, shift) for v in s]
-        return [ldexp(s[i + 1] * 65536 + s[i], shift) for i in range(0, len(s), 2)]
+        return _scalar_values(sums.tolist(), exponent, p, limbs)
+    shift = 0 if exponent == EMPTY else exponent - p
     joined = sums.astype(np.float64) if limbs == 1 else sums[1::2].astype(np.float64) * 65536.0 + sums[0::2]
     return np.ldexp(joined, shift)
+
+
+def _scalar_values(s: list[int], exponent: int, p: int, limbs: int) -> list[float]:
+    """:func:`dequantize` of the combined words ``s`` as Python numbers."""
+    shift = 0 if exponent == EMPTY else exponent - p
+    ldexp = math.ldexp
+    if limbs == 1:
+        return [ldexp(v, shift) for v in s]
+    return [ldexp(s[i + 1] * 65536 + s[i], shift) for i in range(0, len(s), 2)]
 
 
 def nonzero_rows(sums: np.ndarray, limbs: int) -> int:
@@ -134,9 +140,9 @@ def decode(sums: np.ndarray, exponent: int, p: int, limbs: int, scalar: bool) ->
     one pass over the words where ``scalar``)."""
     if not scalar:
         return dequantize(sums, exponent, p, limbs, False), nonzero_rows(sums, limbs)
-    shift = 0 if exponent == EMPTY else exponent - p
-    ldexp, s = math.ldexp, sums.tolist()
+    s = sums.tolist()
     if limbs == 1:
-        return [ldexp(v, shift) for v in s], len(s) - s.count(0)
-    pairs = range(0, len(s), 2)  # a row counts where either limb is nonzero (a carry may sum to 0)
-    return [ldexp(s[i + 1] * 65536 + s[i], shift) for i in pairs], sum(1 for i in pairs if s[i] or s[i + 1])
+        union = len(s) - s.count(0)
+    else:  # a row counts where either limb is nonzero (a carry may sum to 0)
+        union = sum(1 for i in range(0, len(s), 2) if s[i] or s[i + 1])
+    return _scalar_values(s, exponent, p, limbs), union

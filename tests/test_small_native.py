@@ -23,6 +23,7 @@ from homagg.codec import _small, _small_native
 from homagg.codec._config import CodecConfig
 from homagg.codec._small_grid import EMPTY, decode, grid, local_exponent, quantize
 from homagg.testing import on_threads
+from homagg.transport import ControlClient
 from homagg.transport._fastpath import AVAILABLE as DATAPATH
 from tests.test_transport_small_rounds import _close, _ports
 
@@ -164,6 +165,9 @@ def _steady_calls(switch, world: int, dtype: torch.dtype, n: int, native: bool, 
         _small_native.AVAILABLE = kept
         _small._steady.cache_clear()
         _close(ports)
+        # the job leaves the shared emulator: a later port that the OS gives a closed port's
+        # address must not find that address still admitted
+        ControlClient(switch.control_addr).remove(job.job_id)
 
 
 @pytest.mark.skipif(not DATAPATH, reason="the native datapath was not built (no own arrays)")

@@ -24,7 +24,7 @@ from homagg.testing import on_threads
 from homagg.torch._path_round import PathRound
 from homagg.transport import AgreementCheck, CombineOp, ControlClient, OwnRound, VerifyOnce, combine_words
 from homagg.transport._fastpath import AVAILABLE
-from homagg.transport._roundplan import SMALL_WORDS
+from homagg.transport._roundplan import OWN_WORDS
 from tests.test_transport_small_rounds import _close, _ports, _words, killable_path_ports, through_a_kill
 from tests.test_transport_verify_once import _raised
 
@@ -86,7 +86,7 @@ def test_udp_own_rounds_are_combine_arrays_interleaved(switch) -> None:
         assert [p.stats["rounds"] for p in ports] == [12] * world
         plans = dict(ports[0]._plans)
         assert ports[0].own_round((ADD, ADD), (0, 3)) is None  # a stream without words
-        assert ports[0].own_round((ADD,), (SMALL_WORDS + 1,)) is None  # not a small plan
+        assert ports[0].own_round((ADD,), (OWN_WORDS + 1,)) is None  # above what a port keeps own arrays for
         assert ports[0]._plans == plans  # shapes without own arrays get no plan (none evicted for them)
     finally:
         for p in ports:

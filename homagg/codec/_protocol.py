@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from . import _hostops, _small
+from . import _hostops, _mid, _small
 from ._config import CodecConfig, check_scheme
 from ._history import History
 from ._pipeline import allreduce_segments, segment_length
@@ -61,6 +61,8 @@ def allreduce(
     stats.calls += 1
     if _small.takes(tensor, scheme, cfg, port.world_size):  # one block: scalar arithmetic, one datagram per op
         return _small.allreduce(tensor, port, scheme, cfg, stats, inplace, history, key)
+    if inplace and cfg.small_calls and _mid.allreduce(tensor, port, scheme, cfg, stats, history, key):
+        return tensor  # a steady dense call of a float32 CPU tensor, without the general path's set-up
     layout = tensor.layout
     seg = segment_length(tensor.numel(), cfg, _hostops.reads_free(tensor)) if layout == torch.strided else 0
     if seg:  # large dense-layout tensor: pipelined segments, written in place into ``out``

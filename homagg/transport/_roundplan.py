@@ -39,13 +39,16 @@ from ._base import OwnRound, VerifyOnce
 from ._datapath import PyDatapath, Round
 from ._roundloop import RoundLoop, chunk_table
 
-__all__ = ["RoundPlan", "PlanRound", "PLANS", "SMALL_WORDS", "KEPT_WORDS"]
+__all__ = ["RoundPlan", "PlanRound", "PLANS", "SMALL_WORDS", "OWN_WORDS", "KEPT_WORDS"]
 
 #: round shapes a port keeps a plan for (a training loop repeats a few: its small calls', each
 #: bucket's segments')
 PLANS = 16
 #: ``combine_arrays`` rounds of at most this many words copy through the plan's own arrays
 SMALL_WORDS = 1 << 14
+#: :meth:`~homagg.transport.SwitchPort.own_round` gives rounds of at most this many words own
+#: arrays (the codec's mid-size steady calls write into them: 2 MiB in and out at most per shape)
+OWN_WORDS = 1 << 19
 #: ``combine`` rounds of at most this many words take their result arrays from the plan's own
 #: (:class:`homagg._buffers.KeptResults`, 2 per stream: at most ``PLANS * 2 * 4 * KEPT_WORDS``
 #: bytes, 16 MiB, per port); larger ones share the port's spare arrays
@@ -60,6 +63,7 @@ class RoundPlan:
     def __init__(self, port: Any, lengths: tuple[int, ...], ops: tuple[int, ...]) -> None:
         job = port.job
         n = len(lengths)
+        self.lengths = lengths
         small = sum(lengths) <= SMALL_WORDS
         #: the plan's own input and output arrays (small plans only), else None
         self.own_in = [np.zeros(k, dtype=np.int32) for k in lengths] if small else None
@@ -79,8 +83,16 @@ class RoundPlan:
         self._own_round: PlanRound | None = None
 
     def own_round(self, port: Any, ops: tuple[int, ...]) -> PlanRound | None:
-        """The plan's own arrays as ``port``'s :class:`~homagg.transport.OwnRound` (a small plan
-        of the native datapath whose streams all hold words), else None; made once."""
+        """The plan's own arrays as ``port``'s :class:`~homagg.transport.OwnRound` (a plan of the
+        native datapath whose streams all hold words, of at most :data:`OWN_WORDS`: a larger plan
+        gets its own arrays here, once), else None; made once."""
+        if self.own_in is None and port.native and 0 < self.rnd.total and sum(self.lengths) <= OWN_WORDS:
+            self.own_in = [np.zeros(k, dtype=np.int32) for k in self.lengths]
+            self.own_out = [np.zeros(k, dtype=np.int32) for k in self.lengths]
+            # what the round holds between rounds: run_small binds these addresses before its first round
+            self._idle_in, self._idle_out = self.own_in, self.own_out
+            self.rnd.srcs, self.rnd.outs = self.own_in, self.own_out
+            self._own_bound = False
         if self._own_round is None and self.own_in is not None and port.native and all(a.size for a in self.own_in):
             self._own_round = PlanRound(port, self, ops)
         return self._own_round

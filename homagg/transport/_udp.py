@@ -89,7 +89,7 @@ from ._sockets import join_results_group, send_datagram, set_buffers
 from ._liveness import JobSighting, Liveness
 from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
 from ._roundloop import DUPTHRESH
-from ._roundplan import PLANS, SMALL_WORDS, RoundPlan
+from ._roundplan import OWN_WORDS, PLANS, SMALL_WORDS, RoundPlan
 from ._window import INITIAL_WINDOW, CongestionWindow
 
 __all__ = ["UdpSwitchPort", "DUPTHRESH", "SPARE_ARRAYS"]
@@ -299,14 +299,14 @@ class UdpSwitchPort(SwitchPort):
         return [o.copy() for o in outs]
 
     def own_round(self, ops: tuple[CombineOp, ...], lengths: tuple[int, ...]) -> OwnRound | None:
-        """:meth:`SwitchPort.own_round`: on the native datapath, a shape of at most ``SMALL_WORDS``
+        """:meth:`SwitchPort.own_round`: on the native datapath, a shape of at most ``OWN_WORDS``
         words whose streams all hold words has its :class:`RoundPlan`'s own arrays."""
         if not self.native:
             return None
         key = (lengths, ops)
         plan = self._plans.get(key)
         if plan is None:
-            if not all(lengths) or sum(lengths) > SMALL_WORDS:  # no own arrays: make no plan for it
+            if not all(lengths) or sum(lengths) > OWN_WORDS:  # no own arrays: make no plan for it
                 return None
             plan = self._plan(*key)
         return plan.own_round(self, ops)

@@ -16,7 +16,7 @@ import torch
 
 import switch_emulator
 from homagg import NonFiniteError
-from homagg.codec import History, WorkerStats, _mid
+from homagg.codec import History, WorkerStats, _exponent_native, _mid, _native
 from homagg.codec._config import CodecConfig
 from homagg.codec._protocol import allreduce
 from homagg.testing import on_threads
@@ -25,7 +25,7 @@ from homagg.transport._fastpath import AVAILABLE as DATAPATH
 from homagg.transport._roundplan import OWN_WORDS
 from tests.test_transport_small_rounds import _close, _ports
 
-pytestmark = pytest.mark.skipif(_mid._signature(2048, "auto", 2, 1024, "auto", True) is None,
+pytestmark = pytest.mark.skipif(not (_native.AVAILABLE and _exponent_native.AVAILABLE),
                                 reason="the codec's native kernels were not built")
 LOOPS = [True, False] if DATAPATH else [False]
 
@@ -152,6 +152,34 @@ def test_ranks_on_either_path_meet_on_the_wire(switch, spy: list[bool], native: 
     spy.clear()
     slow = _sequence(switch, [native] * 2, 2, 4100, SCALES, [False, False], seed=7)
     _assert_same(mixed, slow, 2, len(SCALES))
+
+
+def test_in_process_ranks_on_either_path_meet(spy: list[bool]) -> None:
+    """On the in-process switch (no own arrays: the general path's named streams, which that
+    switch compares across ranks) rank 0 on the mid path and rank 1 on the general one: the
+    results, stats and histories of both ranks on the general path."""
+    from homagg.transport import InProcessSwitch
+
+    def run(mid: list[bool]):
+        switch = InProcessSwitch(2, timeout=60)
+        cfgs = [CodecConfig(small_calls=m) for m in mid]
+        histories = [History() for _ in range(2)]
+        stats = [[WorkerStats() for _ in SCALES] for _ in range(2)]
+        inputs = _inputs(2, 3000, SCALES, 11)
+
+        def rank(r: int) -> list[torch.Tensor]:
+            port, out = switch.port(r), []
+            for i, call in enumerate(inputs):
+                t = call[r].clone()
+                allreduce(t, port, config=cfgs[r], stats=stats[r][i], inplace=True, history=histories[r])
+                out.append(t)
+            return out
+
+        return on_threads(rank, 2), stats, histories, inputs
+
+    mixed = run([True, False])
+    assert spy.count(True) >= len(SCALES) - 4
+    _assert_same(mixed, run([False, False]), 2, len(SCALES))
 
 
 def test_a_steady_call_holding_nan_raises_before_sending(switch, spy: list[bool]) -> None:

@@ -74,6 +74,10 @@ class CodecConfig:
                      one MAX datagram and its values in one ADD stream (one round trip in steady
                      state; a first float call two); results bit-identical to the general path
                      (``False``), which ``auto`` would otherwise run with a union estimate first.
+                     Also the mid-size steady calls (:mod:`homagg.codec._mid`: an in-place
+                     float32 CPU tensor of 2 blocks to 256K elements whose steady call is dense
+                     runs the general path's round without its per-call set-up; the same words
+                     and results).
     """
 
     block_size: int = 1024

@@ -12,8 +12,8 @@ one function:
   ``exponents`` array, the guess and its negation (``homagg_guess32``) into the ``guess`` array,
   the words under the guess (``homagg_quantize32``, or ``_wide`` for two words per value) into the
   ``values`` array: the port's own arrays where it keeps them
-  (:meth:`~homagg.transport.SwitchPort.own_round`), else kept per call signature and handed to
-  :meth:`~homagg.transport.SwitchPort.combine_arrays`;
+  (:meth:`~homagg.transport.SwitchPort.own_round`), else new arrays handed to
+  :meth:`~homagg.transport.SwitchPort.combine` as the general path's named streams;
 * one round of [descriptor, exponents, guess, values] (MAX, MAX, MAX, ADD): the streams, lengths
   and order of the general path's steady dense round (``_schemes._dense`` under a guess, with
   ``_schemes._described``'s descriptor), so the wire cannot tell the paths apart and a rank may
@@ -42,9 +42,9 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from ..transport import SwitchPort
+from ..transport import CheckOnce, Stream, SwitchPort
 from ..wire import CombineOp
-from . import _descriptor, _exponent_native, _exponents, _native
+from . import _descriptor, _exponent_native, _exponents, _hostops, _native
 from ._blocks import dequantize_into, quantize
 from ._config import CodecConfig
 from ._cost import choose
@@ -59,7 +59,9 @@ __all__ = ["MAX_ELEMENTS", "allreduce"]
 #: small part of a call, and large tensors stream in segments)
 MAX_ELEMENTS = 1 << 18
 _OPS = (CombineOp.MAX, CombineOp.MAX, CombineOp.MAX, CombineOp.ADD)
-_ADD_ONLY = (CombineOp.ADD,)
+#: the general path's names of the round's streams (``_descriptor.describe``, ``Worker.guess_streams``,
+#: ``Worker.dense_stream``)
+_NAMES = (_descriptor.NAME, "exponents", "guess", "values")
 
 
 class _Signature:
@@ -86,10 +88,9 @@ class _Signature:
 
 @lru_cache(maxsize=1024)
 def _signature(n: int, scheme: str, world: int, block_size: int, precision: str, window: bool) -> _Signature | None:
-    """The kept :class:`_Signature` of a call, or None where this path never takes it (the
-    kernels absent, a single block: the small-call path's, two words per value without the wide
-    kernels)."""
-    if not (_native.AVAILABLE and _exponent_native.AVAILABLE) or not block_size < n <= MAX_ELEMENTS:
+    """The kept :class:`_Signature` of a call, or None where this path never takes it (a single
+    block: the small-call path's; two words per value without the wide kernels)."""
+    if not block_size < n <= MAX_ELEMENTS:
         return None
     sig = _Signature(n, scheme, world, block_size, precision, window)
     if sig.limbs != 1 and not _native.WIDE:
@@ -102,7 +103,10 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
     """The exact SUM of ``tensor`` over the workers behind ``port``, written into ``tensor``,
     where this path takes the call (see the module docstring): True once done, False where it
     does not take it (nothing was sent or counted: the general path runs the call)."""
-    if (history is None or tensor.dtype != torch.float32 or not tensor.is_cpu or tensor.layout != torch.strided
+    # the kernels, asked per call (``homagg.bench``'s device_paths turns them off for a while), and
+    # a tensor the host reads for free (not a CUDA one, nor one that the codec treats as such)
+    if (history is None or tensor.dtype != torch.float32 or not _hostops.reads_free(tensor)
+            or not (_native.AVAILABLE and _exponent_native.AVAILABLE) or tensor.layout != torch.strided
             or not tensor.is_contiguous() or scheme not in ("auto", "dense")):
         return False
     n, world, block = tensor.numel(), port.world_size, cfg.block_size
@@ -137,8 +141,7 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
     sent["guess"] += 4 * sig.blocks
     sent["values"] += sig.value_bytes
     # the descriptor's check runs exactly once (a mismatch raises here, nothing decoded)
-    combined = own.run(_descriptor.AGREEMENT) if own is not None else port.combine_arrays(
-        _OPS, [head, local, negated, words], _descriptor.AGREEMENT)
+    combined = own.run(_descriptor.AGREEMENT) if own is not None else _named_round(port, [head, local, negated, words])
     agreed = torch.from_numpy(combined[1].copy())  # the history keeps it: the own arrays are the port's
     settled = _exponents.settle_exponents(agreed, torch.from_numpy(combined[2]), sig.raise_by, sig.slack, previous)
     sums = torch.from_numpy(combined[3])
@@ -150,9 +153,9 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
         again = quantize(flat, settled.exponents, world, block, settled.bad, sig.limbs)
         stats.rounds += 1
         sent["redo"] += 4 * again.numel()
-        (fixed,) = port.combine_arrays(_ADD_ONLY, [again.numpy()])
+        (fixed,) = port.combine([Stream("redo", CombineOp.ADD, again)])
         sums = sums.clone().reshape(-1, sig.limbs)  # the port's own arrays are never written
-        sums[redo] = torch.from_numpy(fixed).reshape(-1, sig.limbs)
+        sums[redo] = fixed.reshape(-1, sig.limbs)
         sums = sums.reshape(-1)
     counted = dequantize_into(flat, sums, settled.exponents, world, block, None, sig.limbs)
     union = counted if counted is not None else int(
@@ -175,6 +178,20 @@ def _continues_dense(prior: Agreed, sig: _Signature, scheme: str, cfg: CodecConf
     if min(prior.changed, prior.changed_before) * sig.n * sig.limbs > sig.blocks:
         return False
     return scheme == "dense" or choose(sig.n, float(prior.union), sig.limbs, cfg) == "dense"
+
+
+def _named_round(port: SwitchPort, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """The round through :meth:`~homagg.transport.SwitchPort.combine` as the general path sends
+    it: its streams' names and the descriptor's :class:`~homagg.transport.CheckOnce` (a port that
+    keeps no own arrays may compare the names: the in-process switch, a replay), checked here
+    where the port did not (``_schemes._first_results``)."""
+    once = CheckOnce(_descriptor.AGREEMENT)
+    streams = [Stream(name, op, torch.from_numpy(a), verify=once if j == 0 else None)
+               for j, (name, op, a) in enumerate(zip(_NAMES, _OPS, arrays))]
+    combined = port.combine(streams)
+    if not once.called:
+        once(combined[0])
+    return [t.numpy() for t in combined]
 
 
 def _arrays(sig: _Signature) -> list[np.ndarray]:

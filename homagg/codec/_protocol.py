@@ -50,7 +50,9 @@ def allreduce(
 
     A dense tensor of at most one block (``block_size`` elements) takes the small-call path
     (:mod:`homagg.codec._small`: the dense protocol in scalar arithmetic, two datagrams per round;
-    bit-identical results; ``small_calls=False`` turns it off).
+    bit-identical results; ``small_calls=False`` turns it off).  A steady dense call of a float32
+    CPU tensor of up to 256K elements, in place, runs the same round without the general path's
+    per-call set-up (:mod:`homagg.codec._mid`; the same words, results and history).
 
     A dense-layout tensor larger than ``segment`` elements (by default: a CPU tensor larger than
     2**23) streams through the switch in segments, encoding and decoding overlapped with the

@@ -23,7 +23,7 @@ import torch
 
 import homagg
 from homagg.bench._syncs import HostReads, cuda_syncs, device_paths
-from homagg.codec import _hostops, _native
+from homagg.codec import _hostops, _native, _protocol
 from homagg.codec._pipeline import HOST_SEGMENT
 from homagg.testing import check_within_bound, local_allreduce, on_threads, run_local, sparse_tensors
 from homagg.transport import InProcessSwitch
@@ -35,9 +35,12 @@ N = 40_000  # not a multiple of the block size: a partial last block
 
 
 @pytest.fixture(params=["cpu-device-path", pytest.param("cuda", marks=pytest.mark.gpu)])
-def device(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Where the tensors live (``cpu-device-path``: the CPU, through the code CUDA tensors take)."""
+def device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Where the tensors live (``cpu-device-path``: the CPU, through the code CUDA tensors take).
+    A CUDA tensor of at most ``_mid.MAX_ELEMENTS`` runs on a host copy (``tests/test_gpu_staging.py``);
+    here every size takes the device path, the code under test."""
     if request.param == "cuda":
+        monkeypatch.setattr(_protocol, "_stages_on_host", lambda tensor: False)
         yield "cuda"
         return
     with device_paths():

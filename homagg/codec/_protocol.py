@@ -63,6 +63,26 @@ def allreduce(
     stats.calls += 1
     if _small.takes(tensor, scheme, cfg, port.world_size):  # one block: scalar arithmetic, one datagram per op
         return _small.allreduce(tensor, port, scheme, cfg, stats, inplace, history, key)
+    if cfg.small_calls and _stages_on_host(tensor):
+        host = tensor.detach().to("cpu").contiguous()  # one transfer: the host path's results, bit for bit
+        _allreduce(host, port, scheme, cfg, stats, True, history, key)
+        return tensor.copy_(host) if inplace else host.to(tensor.device)
+    return _allreduce(tensor, port, scheme, cfg, stats, inplace, history, key)
+
+
+def _stages_on_host(tensor: torch.Tensor) -> bool:
+    """Whether a device tensor's call runs on a host copy: dense, of more than one block and at
+    most :data:`~homagg.codec._mid.MAX_ELEMENTS` (the small path copies its own).  Its words
+    cross to the host for the network anyway; a copy there and back of at most 1 MiB costs less
+    than the device path's kernels and synchronisations, and the host path's results are the
+    device path's, bit for bit (``tests/test_gpu_codec.py``).  The history then holds host
+    exponents for these sizes whatever the tensor's device."""
+    return tensor.layout == torch.strided and tensor.device.type != "cpu" and tensor.numel() <= _mid.MAX_ELEMENTS
+
+
+def _allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecConfig, stats: WorkerStats,
+               inplace: bool, history: History | None, key: Hashable) -> torch.Tensor:
+    """:func:`allreduce` past the small path and the host copy."""
     if inplace and cfg.small_calls and _mid.allreduce(tensor, port, scheme, cfg, stats, history, key):
         return tensor  # a steady dense call of a float32 CPU tensor, without the general path's set-up
     layout = tensor.layout

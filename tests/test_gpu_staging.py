@@ -1,0 +1,102 @@
+"""A CUDA tensor of more than one block and at most ``_mid.MAX_ELEMENTS`` runs its call on a host
+copy (``homagg.codec._protocol._stages_on_host``): one transfer there and one back, the host path's
+round (the mid-size path's in steady state), the result in the input's memory.
+
+Oracle: the same calls on CPU tensors (the host path), bit for bit, and the float64 sum within
+README's bound; the CUDA runtime's sync-debug warnings count a steady call's synchronisations.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import homagg
+from homagg.bench._syncs import cuda_syncs
+from homagg.codec import _mid, _protocol
+from homagg.testing import check_within_bound, on_threads, sparse_tensors
+from homagg.transport import InProcessSwitch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")]
+WORLD = 2
+
+
+def _calls(numel: int, dtype: torch.dtype) -> list[list[torch.Tensor]]:
+    """Five calls per worker: a base input, drifts inside the guess window, a jump out of it."""
+    base = sparse_tensors(WORLD, numel, 1.0, seed=numel, dtype=dtype, spread=2.0)
+    scales = [1.0, 1.25, 1.5, 300.0, 300.0] if dtype.is_floating_point else [1, 2, 3, 4, 5]
+    return [[(x * s).to(dtype) for x in base] for s in scales]
+
+
+def _run(calls: list[list[torch.Tensor]], device: str, inplace: bool) -> list[list[torch.Tensor]]:
+    """Each worker's results of the calls in order (one history, one key), on ``device``."""
+    switch = InProcessSwitch(WORLD, timeout=60)
+
+    def work(rank: int) -> list[torch.Tensor]:
+        history, port, out = homagg.History(), switch.port(rank), []
+        for xs in calls:
+            x = xs[rank].to(device, copy=True)  # the inputs stay as they are (in place writes a copy)
+            ptr = x.data_ptr()
+            got = homagg.allreduce(x, port, history=history, key="g", inplace=inplace)
+            assert got.device.type == device and got.dtype == x.dtype and got.shape == x.shape
+            assert (got is x and x.data_ptr() == ptr) if inplace else got is not x
+            out.append(got.cpu())
+        return out
+
+    return on_threads(work, WORLD, timeout=120)
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+@pytest.mark.parametrize(("numel", "dtype"), [(5000, torch.float32), (_mid.MAX_ELEMENTS, torch.float32),
+                                               (70_001, torch.bfloat16), (3000, torch.int64)], ids=str)
+def test_staged_calls_are_the_host_results(numel: int, dtype: torch.dtype, inplace: bool) -> None:
+    calls = _calls(numel, dtype)
+    want = _run(calls, "cpu", inplace)
+    got = _run(calls, "cuda", inplace)
+    for c, xs in enumerate(calls):
+        for r in range(WORLD):
+            assert torch.equal(got[r][c], want[r][c]), (c, r)
+        if dtype.is_floating_point and c == 0:  # a first call's bound (steady ones may sum on a coarser grid)
+            check_within_bound(want[0][c], xs)
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_a_staged_steady_call_synchronises_twice(inplace: bool) -> None:
+    """A one-worker job's third call (the CUDA runtime's sync warnings are per process, so one
+    worker): the copy to the host, and the copy back from pageable memory."""
+    results = []
+    for device in ("cpu", "cuda"):  # the host path's results, then the staged call's
+        x = torch.randn(65_536, generator=torch.Generator().manual_seed(5)).to(device)
+        switch = InProcessSwitch(1, timeout=60)
+        history, port = homagg.History(), switch.port(0)
+        for scale in (1.0, 1.25):
+            homagg.allreduce(x * scale, port, history=history, key="g", inplace=True)
+        y = x * 1.5
+        if device == "cuda":
+            torch.cuda.synchronize()
+            with cuda_syncs() as found:
+                got = homagg.allreduce(y, port, history=history, key="g", inplace=inplace)
+            assert found.count <= 2, dict(found.sites)
+        else:
+            got = homagg.allreduce(y, port, history=history, key="g", inplace=inplace)
+        results.append(got.cpu())
+    assert torch.equal(results[0], results[1])
+
+
+def test_only_sizes_up_to_the_limit_are_staged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above ``MAX_ELEMENTS`` (and at one block: the small path's own copy) the call keeps its
+    device: the codec's general path gets the CUDA tensor itself."""
+    seen: list[str] = []
+    real = _protocol._allreduce
+
+    def recorded(tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        seen.append(tensor.device.type)
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(_protocol, "_allreduce", recorded)
+    switch = InProcessSwitch(1, timeout=60)
+    for n, where in ((_mid.MAX_ELEMENTS + 1, "cuda"), (_mid.MAX_ELEMENTS, "cpu"), (1025, "cpu")):
+        x = torch.arange(n, dtype=torch.float32, device="cuda")
+        got = homagg.allreduce(x, switch.port(0))
+        assert torch.equal(got.cpu(), torch.arange(n, dtype=torch.float32)) and seen[-1] == where, (n, seen)

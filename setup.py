@@ -14,7 +14,7 @@ from setuptools import Extension, setup
 setup(ext_modules=[Extension("homagg.codec._native_kernels",
                              ["homagg/codec/_native_kernels.c", "homagg/codec/_scan_kernels.c",
                               "homagg/codec/_dense_kernels.c", "homagg/codec/_exponent_kernels.c",
-                              "homagg/codec/_small_kernels.c"], optional=True,
+                              "homagg/codec/_small_kernels.c", "homagg/codec/_mid_kernels.c"], optional=True,
                              depends=["homagg/codec/_native_kernels.h"],
                              extra_compile_args=["-O3"]),
                    Extension("homagg.transport._fastpath_kernels",

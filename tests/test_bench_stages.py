@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _stages(tmp_path: Path, *argv: str) -> dict:
     out = tmp_path / "stages.json"
     r = subprocess.run([sys.executable, "-m", "homagg.bench._stages", *argv, "--calls", "3", "--warmup", "1",
-                        "--numel", "1,300", "--json", str(out)], cwd=ROOT, stdin=subprocess.DEVNULL,
+                        "--numel", "1,300,3000", "--json", str(out)], cwd=ROOT, stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(out.read_text())
@@ -28,7 +28,7 @@ def _stages(tmp_path: Path, *argv: str) -> dict:
 
 def _well_formed(result: dict) -> None:
     assert result["missing"] == [], f"functions the profile times are gone (renamed?): {result['missing']}"
-    for numel in ("1", "300"):
+    for numel in ("1", "300", "3000"):
         table = result["tables"][numel]
         for stage in (*STAGES, *GAPS, TOTAL):
             assert stage in table and table[stage]["wall_us"] >= 0 and table[stage]["cpu_us"] >= 0, stage
@@ -52,3 +52,6 @@ def test_process_group_profile_finds_every_function(tmp_path: Path, barrier: boo
                   "local: the in-process switch", "completion: Work._complete (futures, events); inline: CompletedWork",
                   "small path: codec (values, exponent, guess, quantise, decode, history)"):
         assert table[stage]["cpu_us"] > 0, stage
+    # 3,000 elements (3 blocks): steady calls take the mid-size path
+    assert result["tables"]["3000"]["mid-size path: codec (exponents, guess, quantise, settle, decode, history)"][
+        "cpu_us"] > 0

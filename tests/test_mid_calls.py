@@ -16,7 +16,7 @@ import torch
 
 import switch_emulator
 from homagg import NonFiniteError
-from homagg.codec import History, WorkerStats, _exponent_native, _mid, _native
+from homagg.codec import History, WorkerStats, _exponent_native, _mid, _mid_native, _native
 from homagg.codec._config import CodecConfig
 from homagg.codec._protocol import allreduce
 from homagg.testing import on_threads
@@ -50,9 +50,11 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return answers
 
 
-def _inputs(world: int, n: int, scales: list[float], seed: int) -> list[list[torch.Tensor]]:
+def _inputs(world: int, n: int, scales: list[float], seed: int, same: bool = False) -> list[list[torch.Tensor]]:
     """Per call, per rank: float32 values whose blocks move as ``scales`` says (a per-block factor
-    too, so some blocks leave the guess window while others stay), with zero blocks and zeros."""
+    too, so some blocks leave the guess window while others stay), with zero blocks and zeros;
+    ``same``: every rank's the same (a jump then leaves the window without a redo: every rank
+    guessed its own, equal exponent)."""
     gen = torch.Generator().manual_seed(seed)
     blocks = -(-n // 1024)
     out = []
@@ -68,12 +70,12 @@ def _inputs(world: int, n: int, scales: list[float], seed: int) -> list[list[tor
             t[torch.rand(n, generator=gen) < 0.2] = 0.0
             t[:1024] = 0.0 if blocks > 2 else t[:1024]  # a block of zeros
             call.append(t.to(torch.float32))
-        out.append(call)
+        out.append([call[0].clone() for _ in call] if same else call)
     return out
 
 
 def _sequence(switch, native: list[bool], world: int, n: int, scales: list[float], mid: list[bool],
-              precision: str = "auto", scheme: str = "auto", seed: int = 0):
+              precision: str = "auto", scheme: str = "auto", seed: int = 0, same: bool = False):
     """The calls of :func:`_inputs` in place on fresh UDP ports (``native``: each rank's datapath;
     ``mid``: whether each rank's config lets the mid path run); results, stats, histories."""
     job = ControlClient(switch.control_addr).admit(world, n_slots=8, words_per_packet=256)
@@ -82,7 +84,7 @@ def _sequence(switch, native: list[bool], world: int, n: int, scales: list[float
     cfgs = [CodecConfig(precision=precision, small_calls=m) for m in mid]
     histories = [History() for _ in range(world)]
     stats = [[WorkerStats() for _ in scales] for _ in range(world)]
-    inputs = _inputs(world, n, scales, seed)
+    inputs = _inputs(world, n, scales, seed, same)
 
     def rank(r: int) -> list[torch.Tensor]:
         out = []
@@ -94,7 +96,13 @@ def _sequence(switch, native: list[bool], world: int, n: int, scales: list[float
         return out
 
     try:
-        return on_threads(rank, world), stats, histories, inputs
+        results = on_threads(rank, world)
+        sig = _mid._signature(n, scheme, world, 1024, precision, True)
+        for r, port in enumerate(ports):  # where the C kernels ran: kept with the port's own arrays
+            own = port.own_round(_mid._OPS, sig.lengths) if mid[r] else None
+            kept = [type(k) for k in own.kept.values()] if own is not None else []
+            assert kept == ([_mid_native.MidKernel] if native[r] and mid[r] and _mid_native.AVAILABLE else []), kept
+        return results, stats, histories, inputs
     finally:
         _close(ports)
         ControlClient(switch.control_addr).remove(job.job_id)
@@ -116,7 +124,9 @@ def _assert_same(a, b, world: int, calls: int) -> None:
             assert torch.equal(p.exponents, q.exponents)
 
 
-SCALES = [1.0, 1.0, 1.2, -1, 1.0, 1.0, 3e4, 3e4, 1e-3, 1e-3, 0.0, 1.0, 1.0]
+#: the exponents' moves: steady, drift in the window, some blocks jumping, everything jumping, zeros,
+#: subnormals (a grid factor beyond float32's range, a float64 decode) and huge values
+SCALES = [1.0, 1.0, 1.2, -1, 1.0, 1.0, 3e4, 3e4, 1e-3, 1e-3, 0.0, 1.0, 1.0, 1e-39, 1e-39, 1e-39, 1e30, 1e30, 1.0]
 
 
 @pytest.mark.parametrize("native", LOOPS)
@@ -142,6 +152,16 @@ def test_mid_calls_are_the_general_path(switch, spy: list[bool], native: bool, w
         assert (got - exact).abs().max().item() <= max(scale, 1e-30) * 2.0**-18, i
         for r in range(1, world):
             assert torch.equal(results[r][i], results[0][i])
+
+
+@pytest.mark.parametrize("native", LOOPS)
+def test_equal_inputs_record_the_blocks_that_moved(switch, spy: list[bool], native: bool) -> None:
+    """Every rank holding the same values: a jump leaves the guess window without a redo (each
+    rank guessed the new exponent itself), and the history records the moved blocks all the same."""
+    fast = _sequence(switch, [native] * 2, 2, 5000, SCALES, [True] * 2, seed=3, same=True)
+    slow = _sequence(switch, [native] * 2, 2, 5000, SCALES, [False] * 2, seed=3, same=True)
+    _assert_same(fast, slow, 2, len(SCALES))
+    assert SCALES[6] / SCALES[5] > 1e3 and fast[1][0][6].redos == 0  # the jump stood: decoded in C, changed 1.0
 
 
 @pytest.mark.parametrize("native", LOOPS)

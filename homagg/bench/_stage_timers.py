@@ -47,7 +47,7 @@ STAGES: dict[str, tuple[str, ...]] = {
         "homagg.codec._decoding:Decoding.result", "homagg.codec._decoding:Decoding.result_at_bits",
         "homagg.codec._descriptor:check"),
     "protocol glue (generators, codec.allreduce, path port)": (
-        "homagg.codec._protocol:allreduce", "homagg.torch._fallback:PathPort.combine",
+        "homagg.codec._protocol:allreduce", "homagg.codec._protocol:_allreduce", "homagg.torch._fallback:PathPort.combine",
         "homagg.torch._fallback:PathPort.own_round", "homagg.torch._path_round:PathRound.run",
         "homagg.torch._fallback:PathPort.at_call_boundary", "homagg.torch._fallback:PathPort.end_call",
         "homagg.torch._process_group:ProcessGroupHomagg._codec_allreduce", "homagg.torch._work:FifoWorker._run"),
@@ -57,7 +57,10 @@ STAGES: dict[str, tuple[str, ...]] = {
     "small path: codec (values, exponent, guess, quantise, decode, history)": (
         "homagg.codec._small:allreduce", "homagg.codec._small:_float_call", "homagg.codec._small:_int_call",
         "homagg.codec._small:_Steady.call", "homagg.codec._small:local_exponent", "homagg.codec._small:quantize",
-        "homagg.codec._small:dequantize", "homagg.codec._small:_Call.round", "homagg.codec._descriptor:words"),
+        "homagg.codec._small:dequantize", "homagg.codec._small:_Call.round", "homagg.codec._descriptor:words",
+        "homagg.codec._small:_Steady.native"),
+    "mid-size path: codec (exponents, guess, quantise, settle, decode, history)": (
+        "homagg.codec._mid:allreduce", "homagg.codec._mid:_named_round"),
 }
 TOTAL = "total (median call, caller's wall)"
 #: wrapped for the gaps and the caller's CPU, not summed (the caller waits there while the worker runs)

@@ -44,7 +44,7 @@ import torch
 
 from ..transport import CheckOnce, Stream, SwitchPort
 from ..wire import CombineOp
-from . import _descriptor, _exponent_native, _exponents, _hostops, _native
+from . import _descriptor, _exponent_native, _exponents, _hostops, _mid_native, _native
 from ._blocks import dequantize_into, quantize
 from ._config import CodecConfig
 from ._cost import choose
@@ -120,19 +120,19 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
     previous = prior.exponents
     assert previous is not None
     flat = (tensor.detach() if tensor.requires_grad else tensor).view(-1)
-    x = flat.numpy()
-    peaks, nonfinite = _native.block_peaks32(x, block)
-    if nonfinite:
-        return False  # the general path raises NonFiniteError, before anything is sent
     own = port.own_round(_OPS, sig.lengths)
-    head, local, negated, words = own.ins if own is not None else _arrays(sig)
-    np.copyto(head, sig.head)
-    np.copyto(local, frexp_exponents32(peaks))
-    guess = np.empty(sig.blocks, dtype=np.int32)
-    _exponent_native.guess32(previous.data_ptr(), local.ctypes.data, sig.blocks, sig.raise_by, guess.ctypes.data,
-                             negated.ctypes.data)
-    f1, f2 = grid_factors32_kept(guess, sig.p)
-    sig.quantize(x, block, f1, f2, sig.limit, words)
+    kernel: _mid_native.MidKernel | None = None
+    if own is not None and _mid_native.AVAILABLE:  # the steps in one C call, into the port's own arrays
+        kernel = own.kept.get(sig)
+        if kernel is None:
+            kernel = own.kept[sig] = _mid_native.MidKernel(sig, block, own.ins)
+        arrays = own.ins
+        if kernel.encode(flat.data_ptr(), previous.data_ptr()) != _mid_native.ENCODED:
+            return False  # a NaN or an infinity: the general path raises NonFiniteError, before anything is sent
+    else:
+        arrays = own.ins if own is not None else _arrays(sig)
+        if not _encode(sig, flat.numpy(), block, previous, arrays):
+            return False
     stats.schemes["dense"] += 1
     stats.rounds += 1
     sent = stats.bytes_per_stream
@@ -141,8 +141,13 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
     sent["guess"] += 4 * sig.blocks
     sent["values"] += sig.value_bytes
     # the descriptor's check runs exactly once (a mismatch raises here, nothing decoded)
-    combined = own.run(_descriptor.AGREEMENT) if own is not None else _named_round(port, [head, local, negated, words])
+    combined = own.run(_descriptor.AGREEMENT) if own is not None else _named_round(port, arrays)
     agreed = torch.from_numpy(combined[1].copy())  # the history keeps it: the own arrays are the port's
+    if kernel is not None and kernel.decode(combined, flat.data_ptr()) == _mid_native.DECODED:
+        union, held, moved = kernel.figures()
+        history.put(slot, Agreed(agreed, union, moved / held if held else 0.0, 0, prior.changed))
+        return True
+    # a block to redo, a float64 decode, or no kernels: the steps one by one (nothing was written yet)
     settled = _exponents.settle_exponents(agreed, torch.from_numpy(combined[2]), sig.raise_by, sig.slack, previous)
     sums = torch.from_numpy(combined[3])
     bad = settled.bad.numpy()
@@ -164,6 +169,23 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
     if changed is None:  # pragma: no cover - host tensors of one shape: settle counted them
         changed = _exponents.changed_fraction(previous, agreed, sig.raise_by, sig.slack)
     history.put(slot, Agreed(agreed, union, changed, 0, prior.changed))
+    return True
+
+
+def _encode(sig: _Signature, x: np.ndarray, block_size: int, previous: torch.Tensor, arrays: list[np.ndarray]) -> bool:
+    """:mod:`._mid_native`'s encode, one kernel call at a time: the round's ``arrays`` written, or
+    False for a NaN or an infinity (nothing written)."""
+    peaks, nonfinite = _native.block_peaks32(x, block_size)
+    if nonfinite:
+        return False
+    head, local, negated, words = arrays
+    np.copyto(head, sig.head)
+    np.copyto(local, frexp_exponents32(peaks))
+    guess = np.empty(sig.blocks, dtype=np.int32)
+    _exponent_native.guess32(previous.data_ptr(), local.ctypes.data, sig.blocks, sig.raise_by, guess.ctypes.data,
+                             negated.ctypes.data)
+    f1, f2 = grid_factors32_kept(guess, sig.p)
+    sig.quantize(x, block_size, f1, f2, sig.limit, words)
     return True
 
 

@@ -24,7 +24,7 @@ from homagg.testing import on_threads
 from homagg.torch._path_round import PathRound
 from homagg.transport import AgreementCheck, CombineOp, ControlClient, OwnRound, VerifyOnce, combine_words
 from homagg.transport._fastpath import AVAILABLE
-from homagg.transport._roundplan import OWN_WORDS
+from homagg.transport._roundplan import OWN_WORDS, SMALL_WORDS
 from tests.test_transport_small_rounds import _close, _ports, _words, killable_path_ports, through_a_kill
 from tests.test_transport_verify_once import _raised
 
@@ -147,40 +147,50 @@ def test_agreement_is_checked_in_c_and_a_disagreement_in_python(switch) -> None:
 
 
 @native_only
-def test_path_port_own_rounds_fall_back_when_the_switch_is_killed() -> None:
+@pytest.mark.parametrize("n", [3, 20_000])
+def test_path_port_own_rounds_fall_back_when_the_switch_is_killed(n: int) -> None:
     """PathPort.own_round on the switch path: PathRound over the UDP port's own arrays, results
-    exact, ``last`` a copy (the own arrays are the next round's); the emulator killed: that round
-    falls back (the words this rank was sending), exact; on the host path no own round (a
-    PathRound handed out before runs on the host path)."""
+    exact, ``last`` a copy (the own arrays are the next round's), or for a shape above
+    ``SMALL_WORDS`` the round's arrays themselves (two sets taken in turn: the round before's
+    stay as they were); the emulator killed: that round falls back (the words this rank was
+    sending), exact; on the host path no own round (a PathRound handed out before runs on the
+    host path)."""
     world = 2
     emulator, ports = killable_path_ports(world)
     head = [np.arange(18, dtype=np.int32) * (r + 1) for r in range(world)]
-    vals = [np.full(3, 10 * (r + 1), dtype=np.int32) for r in range(world)]
     seen: list[list[np.ndarray]] = [[] for _ in range(world)]
-    ops, lengths = (MAX, ADD), (18, 3)
+    ops, lengths = (MAX, ADD), (18, n)
     early = [p.own_round(ops, lengths) for p in ports]
-    assert all(isinstance(e, PathRound) for e in early)
+    assert all(isinstance(e, PathRound) and e.inner.stable == (n > SMALL_WORDS) for e in early)
+    held: list[list[list[np.ndarray]]] = [[] for _ in range(world)]  # each round's result arrays
 
     def round_(r: int) -> list[np.ndarray]:
         own = ports[r].own_round(ops, lengths)
         if own is None:  # the host path keeps no arrays: a PathRound handed out on the switch path
             own = early[r]
         np.copyto(own.ins[0], head[r])
-        np.copyto(own.ins[1], vals[r])
+        own.ins[1][:] = 10 * (r + 1) + len(held[r])  # each round's sums differ
         out = own.run(seen[r].append)
+        held[r].append(out)
         return [o.copy() for o in out]
 
     try:
-        for expect, out in through_a_kill(emulator, round_, world, ("switch", "switch", "kill", "host")):
+        steps = ("switch", "switch", "switch", "kill", "host")
+        for i, (expect, out) in enumerate(through_a_kill(emulator, round_, world, steps)):
             for o in out:
-                assert np.array_equal(o[0], head[1]) and np.array_equal(o[1], np.full(3, 30))
+                assert np.array_equal(o[0], head[1]) and np.array_equal(o[1], np.full(n, 30 + 2 * i))
             if expect == "switch":
-                assert all(p.last is not None and p.last[1] is not early[r].inner.plan.own_out[1]
-                           for r, p in enumerate(ports))  # a copy: the own arrays are overwritten next round
+                for r, p in enumerate(ports):
+                    assert p.last is not None and np.array_equal(p.last[1], np.full(n, 30 + 2 * i))
+                    # a copy where the own arrays are the next round's; the arrays themselves where stable
+                    assert (p.last[1] is held[r][-1][1]) == (n > SMALL_WORDS)
+                    if i and n > SMALL_WORDS:  # the round before's arrays: untouched by this round
+                        assert held[r][-2][1] is not held[r][-1][1]
+                        assert np.array_equal(held[r][-2][1], np.full(n, 30 + 2 * (i - 1)))
             assert [p.path for p in ports] == ["switch" if expect == "switch" else "host"] * world
         assert all(p.own_round(ops, lengths) is None for p in ports)
-        assert [p.rounds for p in ports] == [4, 4]
-        assert all(len(s) == 4 and all(np.array_equal(w, head[1]) for w in s) for s in seen)
+        assert [p.rounds for p in ports] == [5, 5]
+        assert all(len(s) == 5 and all(np.array_equal(w, head[1]) for w in s) for s in seen)
     finally:
         _close(ports)
         emulator.stop()

@@ -74,7 +74,7 @@ from ..codec import WorkerStats
 from ..transport import CombineOp, GlooSwitchPort, OwnRound, Stream, SwitchPort, transport_error
 from ._comeback import GIVE_UP, TRY, ReturnSchedule, canary
 from ._link import SwitchLink, close_quietly
-from ._path_round import PathRound, arrays_round
+from ._path_round import PathRounds, arrays_round
 
 __all__ = ["PathPort"]
 
@@ -125,7 +125,7 @@ class PathPort(SwitchPort):
         self._fallback_at = 0.0
         self._host_link = SwitchLink(self._host, "host")  # what :attr:`link` is on the host path
         self._closing: list[threading.Thread] = []  # closes of failed links, joined by close()
-        self._own_round: PathRound | None = None  # own_round's last wrapper
+        self._own_rounds = PathRounds(self)  # own_round's last wrappers
 
     # ------------------------------------------------------------------ rounds
     def combine(self, streams: Sequence[Stream]) -> list[torch.Tensor]:
@@ -139,14 +139,11 @@ class PathPort(SwitchPort):
 
     def own_round(self, ops: tuple[CombineOp, ...], lengths: tuple[int, ...]) -> OwnRound | None:
         """:meth:`SwitchPort.own_round` on the switch path: the link's port's, run through this
-        port's rounds (:class:`~homagg.torch._path_round.PathRound`; the last one is kept)."""
+        port's rounds (:class:`~homagg.torch._path_round.PathRound`; the last two are kept)."""
         inner = self.link.port.own_round(ops, lengths) if self.path != "host" else None
         if inner is None:
             return None
-        held = self._own_round
-        if held is None or held.inner is not inner:  # a steady call's shape repeats: keep the last wrapper
-            held = self._own_round = PathRound(self, inner)
-        return held
+        return self._own_rounds.of(inner)
 
     def _round(self, run: Callable[[SwitchPort], list[Any]], streams: Callable[[], Sequence[Stream]],
                as_tensors: Callable[[list[Any]], list[Any]]) -> list[Any]:

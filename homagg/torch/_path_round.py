@@ -22,7 +22,7 @@ import numpy as np
 
 from ..transport import CombineOp, OwnRound, VerifyOnce, array_streams
 
-__all__ = ["PathRound", "arrays_round"]
+__all__ = ["PathRound", "PathRounds", "arrays_round"]
 
 
 def arrays_round(path: Any, run: Callable[[Any, VerifyOnce | None], list[np.ndarray]], ops: Sequence[CombineOp],
@@ -55,6 +55,24 @@ class PathRound(OwnRound):
         inner, path = self.inner, self.path
         if path.path == "host":  # the switch failed since this round was handed out: the host path's round
             return path.combine_arrays(self.ops, [w.copy() for w in self.ins], verify)
-        # ``last`` keeps copies: the own arrays are overwritten by the port's next round
+        # ``last`` keeps copies: the own arrays are overwritten by the port's next round (by the
+        # shape's round after next where they are stable: then ``last`` holds them as they are)
         return arrays_round(path, lambda port, once: inner.run(once), self.ops, lambda: [w.copy() for w in self.ins],
-                            verify, _copies)
+                            verify, list if inner.stable else _copies)
+
+
+class PathRounds:
+    """A path port's :class:`PathRound` wrappers of the last two inner rounds it was handed (a
+    steady call's shape repeats; a large shape's arrays come in turns: ``OwnRound.stable``)."""
+
+    def __init__(self, path: Any) -> None:
+        self.path = path
+        self._last: PathRound | None = None
+        self._before: PathRound | None = None
+
+    def of(self, inner: OwnRound) -> PathRound:
+        held = self._last
+        if held is None or held.inner is not inner:
+            other, self._before = self._before, held
+            held = self._last = other if other is not None and other.inner is inner else PathRound(self.path, inner)
+        return held

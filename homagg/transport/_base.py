@@ -231,6 +231,9 @@ class OwnRound(abc.ABC):
     #: :attr:`ins`: :class:`homagg.codec._small_native.SmallKernel`); one dict per port and shape,
     #: so a port's rounds, one at a time, never share an entry with another port's
     kept: dict[Any, Any]
+    #: whether :meth:`run`'s results stay valid until the port's *next* round of this shape has
+    #: ended (a large shape's two arrays sets, taken in turn), not only until its next round
+    stable: bool = False
 
     @abc.abstractmethod
     def run(self, verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:

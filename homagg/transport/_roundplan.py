@@ -47,7 +47,8 @@ PLANS = 16
 #: ``combine_arrays`` rounds of at most this many words copy through the plan's own arrays
 SMALL_WORDS = 1 << 14
 #: :meth:`~homagg.transport.SwitchPort.own_round` gives rounds of at most this many words own
-#: arrays (the codec's mid-size steady calls write into them: 2 MiB in and out at most per shape)
+#: arrays (the codec's mid-size steady calls write into them); a shape above ``SMALL_WORDS`` gets
+#: two plans of its own taken in turn (``OwnRound.stable``): 2 MiB in and out each, at most
 OWN_WORDS = 1 << 19
 #: ``combine`` rounds of at most this many words take their result arrays from the plan's own
 #: (:class:`homagg._buffers.KeptResults`, 2 per stream: at most ``PLANS * 2 * 4 * KEPT_WORDS``
@@ -60,12 +61,11 @@ _NO_WORDS = np.zeros(0, dtype=np.int32)
 class RoundPlan:
     """The set-up of ``port``'s rounds of streams of ``lengths`` words combined with ``ops``."""
 
-    def __init__(self, port: Any, lengths: tuple[int, ...], ops: tuple[int, ...]) -> None:
+    def __init__(self, port: Any, lengths: tuple[int, ...], ops: tuple[int, ...], own: bool = False) -> None:
         job = port.job
         n = len(lengths)
-        self.lengths = lengths
-        small = sum(lengths) <= SMALL_WORDS
-        #: the plan's own input and output arrays (small plans only), else None
+        small = sum(lengths) <= SMALL_WORDS or own  # ``own``: a large shape's own round (the port's twins)
+        #: the plan's own input and output arrays (small plans and own rounds' only), else None
         self.own_in = [np.zeros(k, dtype=np.int32) for k in lengths] if small else None
         self.own_out = [np.zeros(k, dtype=np.int32) for k in lengths] if small else None
         self._idle_in = self.own_in or [_NO_WORDS] * n  # what the round holds between rounds
@@ -83,16 +83,8 @@ class RoundPlan:
         self._own_round: PlanRound | None = None
 
     def own_round(self, port: Any, ops: tuple[int, ...]) -> PlanRound | None:
-        """The plan's own arrays as ``port``'s :class:`~homagg.transport.OwnRound` (a plan of the
-        native datapath whose streams all hold words, of at most :data:`OWN_WORDS`: a larger plan
-        gets its own arrays here, once), else None; made once."""
-        if self.own_in is None and port.native and 0 < self.rnd.total and sum(self.lengths) <= OWN_WORDS:
-            self.own_in = [np.zeros(k, dtype=np.int32) for k in self.lengths]
-            self.own_out = [np.zeros(k, dtype=np.int32) for k in self.lengths]
-            # what the round holds between rounds: run_small binds these addresses before its first round
-            self._idle_in, self._idle_out = self.own_in, self.own_out
-            self.rnd.srcs, self.rnd.outs = self.own_in, self.own_out
-            self._own_bound = False
+        """The plan's own arrays as ``port``'s :class:`~homagg.transport.OwnRound` (a plan with own
+        arrays of the native datapath whose streams all hold words), else None; made once."""
         if self._own_round is None and self.own_in is not None and port.native and all(a.size for a in self.own_in):
             self._own_round = PlanRound(port, self, ops)
         return self._own_round
@@ -218,6 +210,7 @@ class PlanRound(OwnRound):
         self.ins: list[np.ndarray] = plan.own_in
         self._outs: list[np.ndarray] = plan.own_out
         self.kept: dict[Any, Any] = {}
+        self.stable = False  # the port's twins set it (UdpSwitchPort.own_round)
 
     def run(self, verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
         port = self.port

@@ -191,6 +191,8 @@ class UdpSwitchPort(SwitchPort):
         self._seq = 0  # global chunk counter, identical on every worker of the job
         self._spare: list[np.ndarray] = []  # result arrays of the last rounds, reused once unreferenced
         self._plans: dict[tuple[tuple[int, ...], tuple[int, ...]], RoundPlan] = {}  # round shape -> set-up
+        #: a large shape's own rounds: two plans taken in turn, and whose turn it is (_twin_round)
+        self._twins: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[RoundPlan, RoundPlan, list[int]]] = {}
         self._last_g = array("q", [-1]) * n  # per slot: global sequence number of the last chunk completed there
         self._last_retx = array("B", [0]) * n  # ... whether it was retransmitted (a second result copy = spurious)
         self.stats: dict[str, int] = dict.fromkeys(
@@ -304,12 +306,33 @@ class UdpSwitchPort(SwitchPort):
         if not self.native:
             return None
         key = (lengths, ops)
+        if sum(lengths) > SMALL_WORDS:
+            return self._twin_round(key) if all(lengths) and sum(lengths) <= OWN_WORDS else None
         plan = self._plans.get(key)
         if plan is None:
-            if not all(lengths) or sum(lengths) > OWN_WORDS:  # no own arrays: make no plan for it
+            if not all(lengths):  # no own arrays: make no plan for it
                 return None
             plan = self._plan(*key)
         return plan.own_round(self, ops)
+
+    def _twin_round(self, key: tuple[tuple[int, ...], tuple[CombineOp, ...]]) -> OwnRound | None:
+        """A large shape's own round: two plans of its own (not ``combine``'s), handed out in turn,
+        so that one round's results stay in their arrays while the shape's next round runs
+        (:attr:`OwnRound.stable`: a caller may keep them without a copy, as the process group's
+        path port keeps a round's results for a recovery)."""
+        twins = self._twins.get(key)
+        if twins is None:
+            if self._scratch is None:
+                self._scratch = fastpath.Scratch.for_port(self.sock, self.msock, self._gso)
+            if len(self._twins) >= PLANS:
+                del self._twins[next(iter(self._twins))]
+            twins = self._twins[key] = (RoundPlan(self, *key, own=True), RoundPlan(self, *key, own=True), [0])
+        turn = twins[2]
+        turn[0] ^= 1
+        own = twins[turn[0]].own_round(self, key[1])
+        if own is not None:
+            own.stable = True
+        return own
 
     def _plan(self, lengths: tuple[int, ...], ops: tuple[int, ...]) -> RoundPlan:
         """The cached set-up of rounds of this shape (made on first use; at most ``PLANS`` kept)."""
@@ -368,7 +391,7 @@ class UdpSwitchPort(SwitchPort):
         self._send(self.sock.send, dgram)
 
     def close(self) -> None:
-        self._spare, self._plans = [], {}
+        self._spare, self._plans, self._twins = [], {}, {}
         self.sock.close()
         if self.msock is not None:
             self.msock.close()

@@ -84,6 +84,19 @@ def test_a_staged_steady_call_synchronises_twice(inplace: bool) -> None:
     assert torch.equal(results[0], results[1])
 
 
+def test_a_leaf_that_requires_grad_is_summed_in_place() -> None:
+    """``dist.all_reduce(param)`` on a CUDA parameter: the sum lands in its memory (the device
+    path writes through a detached view; the host copy's result likewise)."""
+    x = torch.randn(5000, device="cuda", requires_grad=True)
+    want = x.detach().cpu().clone()
+    ptr = x.data_ptr()
+    switch = InProcessSwitch(1, timeout=60)
+    got = homagg.allreduce(x, switch.port(0), inplace=True)
+    assert got is x and x.data_ptr() == ptr and x.requires_grad
+    host = homagg.allreduce(want.clone(), InProcessSwitch(1, timeout=60).port(0), inplace=True)
+    assert torch.equal(x.detach().cpu(), host)
+
+
 def test_only_sizes_up_to_the_limit_are_staged(monkeypatch: pytest.MonkeyPatch) -> None:
     """Above ``MAX_ELEMENTS`` (and at one block: the small path's own copy) the call keeps its
     device: the codec's general path gets the CUDA tensor itself."""

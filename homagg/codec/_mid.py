@@ -45,7 +45,7 @@ import torch
 from ..transport import CheckOnce, Stream, SwitchPort
 from ..wire import CombineOp
 from . import _descriptor, _exponent_native, _exponents, _hostops, _mid_native, _native
-from ._blocks import dequantize_into, quantize
+from ._blocks import _float32_limit, dequantize_into, quantize
 from ._config import CodecConfig
 from ._cost import choose
 from ._fixedpoint import EMPTY_EXPONENT, float_words, precision_bits
@@ -76,7 +76,7 @@ class _Signature:
         limbs = float_words(precision, world)
         self.n, self.limbs, self.blocks = n, limbs, -(-n // block_size)
         self.p = precision_bits(world, limbs)
-        self.limit = float(2**self.p - 1) if self.p <= 24 else float(2**self.p - 2 ** (self.p - 24))
+        self.limit = _float32_limit(self.p)
         self.raise_by, self.slack = _window(world, limbs, window)
         value_words = n * limbs
         self.lengths = (_descriptor.LENGTH, self.blocks, self.blocks, value_words)

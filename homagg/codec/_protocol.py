@@ -66,7 +66,10 @@ def allreduce(
     if cfg.small_calls and _stages_on_host(tensor):
         host = tensor.detach().to("cpu").contiguous()  # one transfer: the host path's results, bit for bit
         _allreduce(host, port, scheme, cfg, stats, True, history, key)
-        return tensor.copy_(host) if inplace else host.to(tensor.device)
+        if not inplace:
+            return host.to(tensor.device)
+        tensor.detach().copy_(host)  # its memory (a leaf that requires grad takes no in-place op itself)
+        return tensor
     return _allreduce(tensor, port, scheme, cfg, stats, inplace, history, key)
 
 

@@ -45,15 +45,17 @@ def _by_allreduce(x: torch.Tensor, port: object, scheme: str, stats: homagg.Work
                             config=cfg, inplace=True)
 
 
-class _Recording:
-    """A port that records every round's streams (name, op, words) before combining them."""
+class _Recording(homagg.transport.SwitchPort):
+    """A port that records every round's streams (name, op, words) before combining them (a
+    :class:`~homagg.transport.SwitchPort`: no own arrays, so every round, the mid-size path's
+    too, goes through :meth:`combine`)."""
 
-    def __init__(self, port: object) -> None:
-        self.port, self.world_size, self.rounds = port, port.world_size, []  # type: ignore[attr-defined]
+    def __init__(self, port: homagg.transport.SwitchPort) -> None:
+        self.port, self.rank, self.world_size, self.rounds = port, port.rank, port.world_size, []
 
     def combine(self, streams: list[homagg.transport.Stream]) -> list[torch.Tensor]:
         self.rounds.append([(s.name, s.op, s.materialize().clone()) for s in streams])
-        return self.port.combine(streams)  # type: ignore[attr-defined]
+        return self.port.combine(streams)
 
 
 def _calls(call: Callable[..., torch.Tensor], inputs: list[list[torch.Tensor]], scheme: str,

@@ -48,6 +48,7 @@ from . import _descriptor, _exponent_native, _exponents, _hostops, _mid_native, 
 from ._blocks import _float32_limit, dequantize_into, quantize
 from ._config import CodecConfig
 from ._cost import choose
+from ._schemes import guess_pays
 from ._fixedpoint import EMPTY_EXPONENT, float_words, precision_bits
 from ._history import Agreed, History
 from ._host_factors import frexp_exponents32, grid_factors32_kept
@@ -197,7 +198,7 @@ def _continues_dense(prior: Agreed, sig: _Signature, scheme: str, cfg: CodecConf
     if held is None or held.numel() != sig.blocks or not held.is_cpu or held.dtype != torch.int32 \
             or not held.is_contiguous():
         return False
-    if min(prior.changed, prior.changed_before) * sig.n * sig.limbs > sig.blocks:
+    if not guess_pays(prior, sig.n, sig.limbs, sig.blocks):
         return False
     return scheme == "dense" or choose(sig.n, float(prior.union), sig.limbs, cfg) == "dense"
 

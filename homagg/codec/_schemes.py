@@ -149,7 +149,13 @@ def _guess_pays(w: Worker, prior: Agreed) -> bool:
     would carry more words than an exponent round (one per block).  One call that moved (a new
     input regime, a learning-rate step) is not a trend: the next call guesses again.  Agreed
     inputs: every worker decides alike."""
-    return min(prior.changed, prior.changed_before) * w.numel * w.limbs <= w.blocks
+    return guess_pays(prior, w.numel, w.limbs, w.blocks)
+
+
+def guess_pays(prior: Agreed, numel: int, limbs: int, blocks: int) -> bool:
+    """:func:`_guess_pays` of a call of ``numel`` elements, ``limbs`` words each, in ``blocks``
+    blocks (the mid-size path asks it without a Worker)."""
+    return min(prior.changed, prior.changed_before) * numel * limbs <= blocks
 
 
 def _described(body: Protocol, w: Worker, scheme: str, stats: WorkerStats, history: History | None,

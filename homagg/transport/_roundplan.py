@@ -61,10 +61,13 @@ _NO_WORDS = np.zeros(0, dtype=np.int32)
 class RoundPlan:
     """The set-up of ``port``'s rounds of streams of ``lengths`` words combined with ``ops``."""
 
-    def __init__(self, port: Any, lengths: tuple[int, ...], ops: tuple[int, ...], own: bool = False) -> None:
+    def __init__(self, port: Any, lengths: tuple[int, ...], ops: tuple[int, ...], twin: bool = False) -> None:
         job = port.job
         n = len(lengths)
-        small = sum(lengths) <= SMALL_WORDS or own  # ``own``: a large shape's own round (the port's twins)
+        #: one of a large shape's two plans that the port hands out in turn: own arrays, and its own
+        #: round's results stable (:attr:`~homagg.transport.OwnRound.stable`)
+        self.twin = twin
+        small = sum(lengths) <= SMALL_WORDS or twin
         #: the plan's own input and output arrays (small plans and own rounds' only), else None
         self.own_in = [np.zeros(k, dtype=np.int32) for k in lengths] if small else None
         self.own_out = [np.zeros(k, dtype=np.int32) for k in lengths] if small else None
@@ -210,7 +213,7 @@ class PlanRound(OwnRound):
         self.ins: list[np.ndarray] = plan.own_in
         self._outs: list[np.ndarray] = plan.own_out
         self.kept: dict[Any, Any] = {}
-        self.stable = False  # the port's twins set it (UdpSwitchPort.own_round)
+        self.stable = plan.twin
 
     def run(self, verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
         port = self.port

@@ -191,8 +191,8 @@ class UdpSwitchPort(SwitchPort):
         self._seq = 0  # global chunk counter, identical on every worker of the job
         self._spare: list[np.ndarray] = []  # result arrays of the last rounds, reused once unreferenced
         self._plans: dict[tuple[tuple[int, ...], tuple[int, ...]], RoundPlan] = {}  # round shape -> set-up
-        #: a large shape's own rounds: two plans taken in turn, and whose turn it is (_twin_round)
-        self._twins: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[RoundPlan, RoundPlan, list[int]]] = {}
+        #: a large shape's own rounds: two plans taken in turn, the one in use first (_twin_round)
+        self._twins: dict[tuple[tuple[int, ...], tuple[int, ...]], list[RoundPlan]] = {}
         self._last_g = array("q", [-1]) * n  # per slot: global sequence number of the last chunk completed there
         self._last_retx = array("B", [0]) * n  # ... whether it was retransmitted (a second result copy = spurious)
         self.stats: dict[str, int] = dict.fromkeys(
@@ -320,30 +320,25 @@ class UdpSwitchPort(SwitchPort):
         so that one round's results stay in their arrays while the shape's next round runs
         (:attr:`OwnRound.stable`: a caller may keep them without a copy, as the process group's
         path port keeps a round's results for a recovery)."""
-        twins = self._twins.get(key)
-        if twins is None:
-            if self._scratch is None:
-                self._scratch = fastpath.Scratch.for_port(self.sock, self.msock, self._gso)
-            if len(self._twins) >= PLANS:
-                del self._twins[next(iter(self._twins))]
-            twins = self._twins[key] = (RoundPlan(self, *key, own=True), RoundPlan(self, *key, own=True), [0])
-        turn = twins[2]
-        turn[0] ^= 1
-        own = twins[turn[0]].own_round(self, key[1])
-        if own is not None:
-            own.stable = True
-        return own
+        twins = self._twins.get(key) or self._kept(self._twins, key, lambda: [RoundPlan(self, *key, twin=True)
+                                                                                for _ in range(2)])
+        twins.reverse()  # the other one's turn
+        return twins[0].own_round(self, key[1])
 
     def _plan(self, lengths: tuple[int, ...], ops: tuple[int, ...]) -> RoundPlan:
         """The cached set-up of rounds of this shape (made on first use; at most ``PLANS`` kept)."""
-        plan = self._plans.get((lengths, ops))
-        if plan is None:
-            if self.native and self._scratch is None:
-                self._scratch = fastpath.Scratch.for_port(self.sock, self.msock, self._gso)
-            if len(self._plans) >= PLANS:
-                del self._plans[next(iter(self._plans))]
-            plan = self._plans[(lengths, ops)] = RoundPlan(self, lengths, ops)
-        return plan
+        return self._plans.get((lengths, ops)) or self._kept(self._plans, (lengths, ops),
+                                                               lambda: RoundPlan(self, lengths, ops))
+
+    def _kept(self, store: dict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
+        """``store[key] = make()`` (the native datapath's scratch made first), the oldest entry
+        evicted where ``store`` holds ``PLANS``."""
+        if self.native and self._scratch is None:
+            self._scratch = fastpath.Scratch.for_port(self.sock, self.msock, self._gso)
+        if len(store) >= PLANS:
+            del store[next(iter(store))]
+        made = store[key] = make()
+        return made
 
     def _run(self, plan: RoundPlan, srcs: list[np.ndarray], outs: list[np.ndarray], names: Sequence[str],
              verify: Callable[[np.ndarray], None] | None, fills: list[tuple[int, int] | None] | None = None,

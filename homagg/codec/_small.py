@@ -57,8 +57,9 @@ from ..transport import SwitchPort
 from ..wire import CombineOp
 from . import _descriptor, _small_native
 from ._config import CodecConfig
-from ._fixedpoint import float_words, from_limbs
+from ._fixedpoint import float_words
 from ._history import Agreed, History
+from ._small_ints import IntSteady, int_call, limbs_of
 from ._small_grid import (EMPTY, changed_figure, decode, dequantize, exponent_tensor, grid, local_exponent,
                           nonzero_rows, previous_exponent, quantize)
 from ._stats import WorkerStats
@@ -89,7 +90,7 @@ def takes(tensor: torch.Tensor, scheme: str, cfg: CodecConfig, world_size: int) 
     if dtype in _FLOATS:
         limbs = float_words(cfg.precision, world_size)
     elif dtype in _INTS:
-        limbs = 4 if dtype == torch.int64 else 2
+        limbs = limbs_of(dtype)
     else:
         return False
     return scheme == "dense" or (scheme == "auto" and _never_compact(
@@ -150,11 +151,17 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
             out, exponents, changed = _float_call(call, values, cfg, previous)
             union = call.union
     else:
+        if inplace and view is not None:  # in the port's own arrays, where it keeps them
+            own_union = _int_steady(n, dtype, scheme, world).run(port, stats, view)
+            if own_union is not None:
+                if history is not None:
+                    _record(history, slot, prior, None, 0.0, own_union)
+                return tensor
         call = _Call(port, stats, n, dtype, scheme, world)
-        call.limbs = 4 if dtype == torch.int64 else 2
+        call.limbs = limbs_of(dtype)
         values = host.tolist() if n <= _SCALAR else (
             host.astype(np.int64) if view is not None else host.to(torch.int64).numpy())
-        out = _int_call(call, values, dtype)
+        out = int_call(call, values, dtype)
         exponents, changed, union = None, 0.0, call.union
     if history is not None:
         _record(history, slot, prior, exponents, changed, union)
@@ -379,17 +386,7 @@ def _steady(n: int, dtype: torch.dtype, scheme: str, world: int, precision: str,
 
 
 # -------------------------------------------------------------------------------------- integers
-def _int_call(call: _Call, values: list[int] | np.ndarray, dtype: torch.dtype) -> list[int] | np.ndarray:
-    """Exact 16-bit limbs (:func:`homagg.codec._fixedpoint.to_limbs` / ``from_limbs``): one round."""
-    limbs = call.limbs
-    top = 16 * (limbs - 1)
-    if isinstance(values, list):
-        words = np.array([w for v in values for w in [*((v >> (16 * k)) & 0xFFFF for k in range(limbs - 1)), v >> top]],
-                         dtype=np.int32)
-    else:
-        words = np.stack([(values >> (16 * k)) & 0xFFFF for k in range(limbs - 1)] + [values >> top],
-                         axis=1).reshape(-1).astype(np.int32)
-    sums = call.round(None, None, words)[1].reshape(-1, limbs)
-    # the general path's own carry and range checks (the same errors, word for word)
-    return from_limbs(torch.from_numpy(sums), dtype).to(torch.int64).numpy()
-
+@lru_cache(maxsize=1024)
+def _int_steady(n: int, dtype: torch.dtype, scheme: str, world: int) -> IntSteady:
+    """The kept :class:`~homagg.codec._small_ints.IntSteady` of an integer call signature."""
+    return IntSteady(n, dtype, _head(n, dtype, scheme, world, _descriptor.SPARE + n * limbs_of(dtype), 1))

@@ -31,7 +31,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if "report" not in _cache:
         out = tmp_path_factory.mktemp("bench-latency")
         argv = ["bench", "latency", "--world", "2", "--numel", "1,3000", "--calls", "6", "--warmup", "2",
-                "--out", str(out), "--json", str(out / "copy.json")]
+                "--barrier", "--out", str(out), "--json", str(out / "copy.json")]
         assert main(argv) == 0
         _cache["out"] = out
         _cache["report"] = json.loads((out / "records.json").read_text())
@@ -43,8 +43,9 @@ def test_records_well_formed_and_exact(tmp_path_factory: pytest.TempPathFactory)
     report = run["report"]
     assert json.loads((run["out"] / "copy.json").read_text()) == report
     records = report["records"]
-    assert sorted((r["backend"], r["numel"]) for r in records) == [
-        ("gloo", 1), ("gloo", 3000), ("homagg", 1), ("homagg", 3000)]
+    assert sorted((r["backend"], r["op"], r["numel"]) for r in records) == [
+        ("gloo", "allreduce", 1), ("gloo", "allreduce", 3000), ("gloo", "barrier", 0),
+        ("homagg", "allreduce", 1), ("homagg", "allreduce", 3000), ("homagg", "barrier", 0)]
     for rec in records:
         for name, types in RECORD_FIELDS.items():
             assert name in rec, f"{name} missing in {rec}"
@@ -64,6 +65,8 @@ def test_records_well_formed_and_exact(tmp_path_factory: pytest.TempPathFactory)
             # the first call of a size has no history: at least one round; timed calls one or more each
             assert rec["first_call_rounds"] >= 1 and rec["rounds_per_call"] >= 1
             assert rec["switch_cpu_s_per_call"] is not None  # the embedded emulator, a child of rank 0
+            if rec["op"] == "barrier":  # homagg's barrier: one switch round, the first one too
+                assert rec["first_call_rounds"] == 1 and rec["rounds_per_call"] == 1.0, rec
         else:
             assert rec["scheme"] is None and rec["x_gloo"] is None and rec["first_call_rounds"] is None
     limit = report["limit"]
@@ -72,7 +75,21 @@ def test_records_well_formed_and_exact(tmp_path_factory: pytest.TempPathFactory)
         assert 0 < limit[form]["p50"] <= limit[form]["p90"] <= limit[form]["p99"], limit[form]
     table = (run["out"] / "table.md").read_text()
     assert "floor: one datagram through the emulator" in table
-    assert table.count("| homagg/auto |") == 2 and markdown_table(records) in table
+    assert table.count("| homagg/auto |") == 3 and markdown_table(records) in table
+    assert table.count("| barrier | 0 | 2 |") == 2
+
+
+def test_barrier_pace_runs_on_a_gloo_group_of_its_own(tmp_path: Path) -> None:
+    """``--pace barrier``: each timed call after an untimed barrier (the ranks' own gloo group),
+    the results exact, homagg's rounds per call those of the all_reduce alone."""
+    assert main(["bench", "latency", "--world", "2", "--numel", "1", "--calls", "4", "--warmup", "1",
+                 "--pace", "barrier", "--no-limit", "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "records.json").read_text())["records"]
+    assert sorted(r["backend"] for r in records) == ["gloo", "homagg"]
+    for rec in records:
+        assert rec["pace"] == "barrier" and rec["exact"] and len(rec["times_s"]) == 4, rec
+        if rec["backend"] == "homagg":
+            assert rec["rounds_per_call"] == 1.0, rec
 
 
 def test_percentiles_nearest_rank() -> None:

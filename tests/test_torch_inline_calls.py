@@ -98,15 +98,17 @@ def test_synchronous_gloo_side_ops_run_inline(world: int) -> None:
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_barrier_after_switch_rounds_is_the_agreement(world: int) -> None:
-    """After switch rounds a barrier is the path port's agreement alone (every rank in it, nothing
-    failed: no second collective), and it still holds every rank until the last one arrives (the
-    ranks enter 0.15 s apart); a barrier with no switch round before it is gloo's own."""
+def test_barrier_is_a_switch_round_or_the_agreement(world: int) -> None:
+    """A barrier is one switch round (no gloo barrier); with the switch barrier off, after switch
+    rounds a barrier is the path port's agreement alone (every rank in it, nothing failed: no second
+    collective) and with no switch round before it gloo's own.  Each still holds every rank until
+    the last one arrives (the ranks enter 0.15 s apart)."""
     values = outcome(world, "barrier_header")
     for value in values:
-        assert value["path"] == "switch" and value["sum"] == [float(world)], value
+        assert value["path"] == "switch" and value["sum"] == [float(world * world)], value
+        assert value["switch"]["gloo_barriers"] == 0 and value["switch"]["rounds"] == 1, value
         assert value["after_switch"]["gloo_barriers"] == 0 and value["plain"]["gloo_barriers"] == 1, value
-    for which in ("after_switch", "plain"):
+    for which in ("switch", "after_switch", "plain"):
         last_in = max(v[which]["entered"] for v in values)
         assert min(v[which]["left"] for v in values) >= last_in, (which, values)
 

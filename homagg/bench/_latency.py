@@ -7,7 +7,9 @@ gloo first), exactly ``world`` rank processes are started on 127.0.0.1 with the 
 killed with whatever it started when the launch ends, fails or stalls; every rank asks the kernel
 to kill it when the launcher dies, so no rank outlives this command).  Each rank runs
 :mod:`homagg.bench._latency_rank` over every size of ``--numel`` (fp32 elements; default
-1, 256, 16K and 256K: 4 bytes to 1 MB): ``--warmup`` calls, then ``--calls`` timed calls.
+1, 256, 16K and 256K: 4 bytes to 1 MB): ``--warmup`` calls, then ``--calls`` timed calls; with
+``--barrier`` also ``dist.barrier()`` itself (a record of ``op`` ``barrier``, 0 elements: homagg's
+barrier is one switch round, gloo's its own).
 
 A call's time is the slowest rank's time of that call (``perf_counter`` around ``dist.all_reduce``
 in each rank); the record holds its p50/p90/p99 and mean over the timed calls, the gloo p50 over
@@ -58,7 +60,7 @@ INPUTS = ("fresh", "same")
 PACES = ("loop", "barrier")
 #: every record's fields and their JSON types (None: the field may be null)
 RECORD_FIELDS: dict[str, tuple[type, ...]] = {
-    "backend": (str,), "scheme": (str, type(None)), "numel": (int,), "bytes": (int,), "world": (int,),
+    "backend": (str,), "scheme": (str, type(None)), "op": (str,), "numel": (int,), "bytes": (int,), "world": (int,),
     "calls": (int,), "input": (str,), "pace": (str,), "p50_s": (float,), "p90_s": (float,), "p99_s": (float,),
     "mean_s": (float,), "x_gloo": (float, type(None)), "cpu_s_per_call": (float,),
     "cpu_s_per_call_per_rank": (list,), "cpu_user_s_per_call_per_rank": (list,),
@@ -88,6 +90,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="fresh: a new tensor every call (default); same: one tensor, its values restored")
     parser.add_argument("--pace", default="loop", help="loop: calls back to back (default); barrier: a "
                                                        "dist.barrier() (untimed) before every call")
+    parser.add_argument("--barrier", action="store_true",
+                        help="also time dist.barrier() (a row of 0 elements; homagg: one switch round)")
     parser.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds: the groups' timeout, and silence after which the ranks count as hung")
@@ -131,7 +135,7 @@ def _merge(backend: str, scheme: str | None, world: int, lines: Sequence[dict[st
     per_rank = [[u + s for u, s in zip(ln["cpu_user"], ln["cpu_sys"])] for ln in lines]
     medians = [statistics.median(c) for c in per_rank]
     same = all(ln["digests"] == first["digests"] for ln in lines)
-    return {"backend": backend, "scheme": scheme, "numel": int(first["numel"]), "bytes": 4 * int(first["numel"]),
+    return {"backend": backend, "scheme": scheme, "op": first["op"], "numel": int(first["numel"]), "bytes": 4 * int(first["numel"]),
             "world": world, "calls": len(slowest), "input": args.input, "pace": args.pace,
             "p50_s": spread["p50"], "p90_s": spread["p90"], "p99_s": spread["p99"], "mean_s": spread["mean"],
             "x_gloo": None, "cpu_s_per_call": float(max(medians)),
@@ -156,16 +160,17 @@ def _measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             cmd = [sys.executable, "-m", "homagg", "bench", "latency", "--_worker", "--_backend", backend,
                    "--numel", ",".join(map(str, args.numel)), "--calls", str(args.calls), "--warmup", str(args.warmup),
                    "--scheme", args.scheme, "--input", args.input, "--pace", args.pace, "--seed", str(args.seed),
-                   "--timeout", repr(args.timeout)]
+                   "--timeout", repr(args.timeout)] + (["--barrier"] if args.barrier else [])
             label = f"bench latency ({backend}, world {world})"
             print(f"{label}: {len(args.numel)} size(s) x {args.warmup} + {args.calls} calls", flush=True)
             outs = launch_ranks(cmd, world, label=label, stall_timeout=args.timeout)
             reports = [[json.loads(ln.partition(RECORD_MARK)[2]) for ln in lines if RECORD_MARK in ln]
                        for lines in outs]
-            short = [r for r, rep in enumerate(reports) if len(rep) != len(args.numel)]
+            want = len(args.numel) + bool(args.barrier)
+            short = [r for r, rep in enumerate(reports) if len(rep) != want]
             if short:
                 raise HomAggError(f"{label}: rank {short[0]} reported {len(reports[short[0]])} of "
-                                  f"{len(args.numel)} sizes; its stdout: {outs[short[0]][-20:]}")
+                                  f"{want} sizes; its stdout: {outs[short[0]][-20:]}")
             records += [_merge(backend, scheme, world, lines, args) for lines in zip(*reports)]
     gloo = {(r["numel"], r["world"]): r["p50_s"] for r in records if r["backend"] == "gloo"}
     for r in records:
@@ -191,7 +196,8 @@ def markdown_table(records: Sequence[dict[str, Any]]) -> str:
                f"{_us(r['cpu_sys_s_per_call_per_rank'][worst])})")
         rounds = "-" if r["first_call_rounds"] is None else f"{r['first_call_rounds']}, {r['rounds_per_call']:.2f}"
         name = r["backend"] if r["scheme"] is None else f"homagg/{r['scheme']}"
-        out.append(f"| {r['numel']:,} | {r['bytes']:,} | {r['world']} | {name} | {_us(r['p50_s'])} | "
+        size = "barrier" if r["op"] == "barrier" else f"{r['numel']:,}"
+        out.append(f"| {size} | {r['bytes']:,} | {r['world']} | {name} | {_us(r['p50_s'])} | "
                    f"{_us(r['p90_s'])} | {_us(r['p99_s'])} | "
                    f"{'-' if r['x_gloo'] is None else format(r['x_gloo'], '.2f')} | {cpu} | "
                    f"{_us(r['switch_cpu_s_per_call'])} | {rounds} | {'yes' if r['exact'] else 'NO'} |")
@@ -212,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                "cpus": os.cpu_count(), "python": platform.python_version()}
     report = {"benchmark": "latency", "options": {k: getattr(args, k) for k in (
-        "world", "numel", "calls", "warmup", "backends", "scheme", "input", "pace", "seed")},
+        "world", "numel", "calls", "warmup", "backends", "scheme", "input", "pace", "barrier", "seed")},
         "machine": machine, "limit": limit, "wall_s": round(time.monotonic() - started, 1), "records": records}
     floor = ("floor not measured" if limit is None else
              f"floor: one datagram through the emulator and back p50 {_us(limit['bare_s']['p50'])} us "

@@ -8,8 +8,11 @@ density 1), and prints one JSON line per size.
 Input (``--input``): ``fresh`` -- every call gets a new tensor (a clone of the rank's input, made
 before the clock starts); ``same`` -- one tensor for every call, its input values copied back into
 it before the clock starts.  Pace (``--pace``): ``loop`` -- calls back to back, as a training loop
-issues them; ``barrier`` -- a ``dist.barrier()`` before every call (the ranks start each call
-together; the barrier is not timed).
+issues them; ``barrier`` -- a barrier before every call (the ranks start each call together; the
+barrier is not timed; it is a gloo group's of its own for either backend, so homagg's barrier
+rounds through the switch stay out of the emulator's CPU figure).  With ``--barrier`` a rank also
+times ``dist.barrier()`` itself (the group's own barrier: homagg's is one switch round), reported
+as a size of 0 elements.
 
 Per timed call every rank records its wall time (``perf_counter`` around ``dist.all_reduce``) and
 its own CPU time, user and system apart (``getrusage(RUSAGE_SELF)``: every thread of the process,
@@ -41,7 +44,7 @@ from ._allreduce_rank import check_result, make_tensor, oracle, switch_pid
 from ._cpu import process_cpu
 from ._ranks import RECORD_MARK, die_with_launcher
 
-__all__ = ["rank_main", "one_size"]
+__all__ = ["rank_main", "one_size", "one_barrier"]
 
 
 def _rounds(pg: Any) -> int | None:
@@ -49,9 +52,10 @@ def _rounds(pg: Any) -> int | None:
     return None if stats is None else int(stats.rounds)
 
 
-def one_size(pg: Any, numel: int, calls: int, warmup: int, fresh: bool, barrier: bool, seed: int,
+def one_size(pg: Any, numel: int, calls: int, warmup: int, fresh: bool, pace: Any, seed: int,
              block: int) -> dict[str, Any]:
-    """Time ``warmup + calls`` all_reduces of ``numel`` fp32 elements; the rank's report."""
+    """Time ``warmup + calls`` all_reduces of ``numel`` fp32 elements (``pace``: None, or the
+    untimed barrier before each); the rank's report."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -78,8 +82,8 @@ def one_size(pg: Any, numel: int, calls: int, warmup: int, fresh: bool, barrier:
         else:
             buf = same
             buf.copy_(x)
-        if barrier:
-            dist.barrier()
+        if pace is not None:
+            pace()
         use0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         dist.all_reduce(buf)
@@ -102,7 +106,7 @@ def one_size(pg: Any, numel: int, calls: int, warmup: int, fresh: bool, barrier:
     timed_rounds = _rounds(pg)
     switch1 = process_cpu(switch) if switch is not None else None
     out: dict[str, Any] = {
-        "numel": numel, "times": times, "cpu_user": cpu_user, "cpu_sys": cpu_sys, "digests": digests,
+        "numel": numel, "op": "allreduce", "times": times, "cpu_user": cpu_user, "cpu_sys": cpu_sys, "digests": digests,
         "load_avg": list(load), "first_call_rounds": first_rounds,
         "rounds_per_call": (None if timed_rounds is None or timed_rounds0 is None
                             else (timed_rounds - timed_rounds0) / calls),
@@ -112,6 +116,49 @@ def one_size(pg: Any, numel: int, calls: int, warmup: int, fresh: bool, barrier:
     if rank == 0:
         out.update(within_bound=ok, max_abs_err=max_err, distinct_results=len(checked))
     return out
+
+
+def one_barrier(pg: Any, calls: int, warmup: int, pace: Any) -> dict[str, Any]:
+    """Time ``warmup + calls`` calls of ``dist.barrier()`` (``pace``: None, or the untimed barrier
+    before each); the rank's report, as :func:`one_size`'s with 0 elements (homagg: its rounds are
+    the group's barrier rounds)."""
+    import torch.distributed as dist
+
+    load = os.getloadavg()
+    barrier_stats = getattr(pg, "barrier_stats", None)
+    rounds = (lambda: None) if barrier_stats is None else (lambda: int(barrier_stats.rounds))  # noqa: E731
+    switch = switch_pid(pg) if dist.get_rank() == 0 else None
+    times: list[float] = []
+    cpu_user: list[float] = []
+    cpu_sys: list[float] = []
+    rounds0 = rounds()
+    first_rounds = timed_rounds0 = switch0 = None
+    for call in range(warmup + calls):
+        if call == warmup:
+            timed_rounds0 = rounds()
+            switch0 = process_cpu(switch) if switch is not None else None
+        if pace is not None:
+            pace()
+        use0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        dist.barrier()
+        elapsed = time.perf_counter() - t0
+        use1 = resource.getrusage(resource.RUSAGE_SELF)
+        if call == 0 and rounds0 is not None:
+            first_rounds = rounds() - rounds0  # type: ignore[operator]
+        if call >= warmup:
+            times.append(elapsed)
+            cpu_user.append(use1.ru_utime - use0.ru_utime)
+            cpu_sys.append(use1.ru_stime - use0.ru_stime)
+    timed_rounds = rounds()
+    switch1 = process_cpu(switch) if switch is not None else None
+    return {"numel": 0, "op": "barrier", "times": times, "cpu_user": cpu_user, "cpu_sys": cpu_sys, "digests": [],
+            "load_avg": list(load), "first_call_rounds": first_rounds,
+            "rounds_per_call": (None if timed_rounds is None or timed_rounds0 is None
+                                else (timed_rounds - timed_rounds0) / calls),
+            "switch_cpu_s_per_call": (None if switch0 is None or switch1 is None
+                                      else (sum(switch1) - sum(switch0)) / calls),
+            "within_bound": True, "max_abs_err": 0.0, "distinct_results": 0}
 
 
 def rank_main(args: argparse.Namespace) -> int:
@@ -128,10 +175,13 @@ def rank_main(args: argparse.Namespace) -> int:
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout), pg_options=options)
     try:
         pg = dist.distributed_c10d._get_default_group()
+        pacing = dist.new_group(backend="gloo") if args.pace == "barrier" else None
+        pace = None if pacing is None else (lambda: dist.barrier(group=pacing))
         block = homagg.CodecConfig().block_size
+        if args.barrier:
+            print(f"\n{RECORD_MARK}{json.dumps(one_barrier(pg, args.calls, args.warmup, pace))}", flush=True)
         for numel in args.numel:
-            line = one_size(pg, numel, args.calls, args.warmup, args.input == "fresh", args.pace == "barrier",
-                            args.seed, block)
+            line = one_size(pg, numel, args.calls, args.warmup, args.input == "fresh", pace, args.seed, block)
             print(f"\n{RECORD_MARK}{json.dumps(line)}", flush=True)
     finally:
         dist.destroy_process_group()

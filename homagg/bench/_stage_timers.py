@@ -55,7 +55,8 @@ STAGES: dict[str, tuple[str, ...]] = {
         "homagg.torch._work:HomaggWork._complete", "homagg.torch._work:CompletedWork.__init__",
         "homagg.torch._work:CompletedWork.wait"),
     "small path: codec (values, exponent, guess, quantise, decode, history)": (
-        "homagg.codec._small:allreduce", "homagg.codec._small:_float_call", "homagg.codec._small:_int_call",
+        "homagg.codec._small:allreduce", "homagg.codec._small:_float_call", "homagg.codec._small:int_call",
+        "homagg.codec._small_ints:IntSteady.run",
         "homagg.codec._small:_Steady.call", "homagg.codec._small:local_exponent", "homagg.codec._small:quantize",
         "homagg.codec._small:dequantize", "homagg.codec._small:_Call.round", "homagg.codec._descriptor:words",
         "homagg.codec._small:_Steady.native"),

@@ -4,8 +4,7 @@ A rank joins the default group of one backend (``gloo``, or ``homagg`` with one 
 ``pg_options``) and, for every (numel, density) it is given, times one warm-up and ``repeats``
 calls of ``dist.all_reduce`` and prints one JSON line per configuration.  Each call runs between
 two barriers: no rank checks or digests a result while another is still in the call.  The
-barriers are those of a gloo group of their own for either backend (the same pacing for both, and
-none of homagg's barrier rounds through the switch in its CPU figures).
+barriers are the group's own ``dist.barrier()`` (gloo's; homagg's is a round through the switch).
 Backend ``gloo-sparse`` is gloo's all_reduce of the same data as a torch sparse COO tensor (what
 torch offers for sparse gradients: gloo all-gathers every rank's indices and values and sums
 locally); the input is converted to COO before the clock starts, as an ``nn.Embedding(sparse=True)``
@@ -21,8 +20,9 @@ result bit for bit without shipping tensors.
 
 CPU per timed call: every rank its own user and system seconds (``getrusage``, every thread);
 rank 0 also the switch emulator's (:func:`switch_pid`: ``/proc/<pid>/stat``, every thread, read
-before the call's first barrier and after its second, when the emulator has nothing else to do:
-the barriers run on gloo), ``None`` where the emulator's process is not known or not its own.
+before the call's first barrier and after its second, when the emulator has nothing else to do: so
+it includes homagg's two barrier rounds, one word each; ``bench latency`` without barriers gives a
+call's own), ``None`` where the emulator's process is not known or not its own.
 """
 
 from __future__ import annotations
@@ -160,16 +160,14 @@ def _reduce(buf: torch.Tensor) -> torch.Tensor:
 def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, block: int,
                 sparse: bool = False, *, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
                 counters: Callable[[], Counters | None] | None = None, switch_pids: list[int] | None = None,
-                traffic: Callable[[], dict[str, int]] | None = None,
-                pace: Callable[[], Any] | None = None) -> dict[str, Any]:
+                traffic: Callable[[], dict[str, int]] | None = None) -> dict[str, Any]:
     """One configuration's warm-up and timed calls (the record line of this rank).
 
     By default a call is ``dist.all_reduce`` through ``pg``, its counters the homagg group's and the
     switch's CPU :func:`switch_pid`'s; ``bench net --racks`` passes its own ``reduce`` (ports at the
     switches of a tree or a star), ``counters``, ``switch_pids`` (every emulator of the arrangement:
     their CPU summed) and ``traffic`` (byte counters read by rank 0 just before the first timed call
-    and after the last: their increase per call is the line's ``traffic``); ``pace``: the barrier
-    around each call (default ``dist.barrier()``)."""
+    and after the last: their increase per call is the line's ``traffic``)."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -192,7 +190,6 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
     ok, max_err = True, 0.0
     read_counters = counters if counters is not None else lambda: _counters(pg)
     call_once = reduce if reduce is not None else _reduce
-    barrier = pace if pace is not None else dist.barrier
     before = read_counters()
     bytes_before: dict[str, int] = {}
     for call in range(1 + repeats):
@@ -202,7 +199,7 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
         sw0 = _cpu_of(switches) if switches is not None else None
         if call == 1 and traffic is not None and rank == 0:
             bytes_before = traffic()
-        barrier()
+        dist.barrier()
         use0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         buf = call_once(buf)
@@ -210,7 +207,7 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
         use1 = resource.getrusage(resource.RUSAGE_SELF)
         # Every rank has finished the timed call before any rank checks or digests its result: on a
         # shared host a fast rank's checking would otherwise steal CPU from a rank still in the call.
-        barrier()
+        dist.barrier()
         sw1 = _cpu_of(switches) if switches is not None else None
         if call:
             times.append(elapsed)
@@ -282,12 +279,10 @@ def rank_main(args: argparse.Namespace) -> int:
                             pg_options=options)
     try:
         pg = dist.distributed_c10d._get_default_group()
-        pacing = dist.new_group(backend="gloo")  # the barriers around each call (see the module docstring)
         block = homagg.CodecConfig().block_size
         for numel in args._numels:
             for density in args._densities:
-                line = _one_config(pg, numel, density, args.repeats, args.seed, block, sparse=sparse,
-                                   pace=lambda: dist.barrier(group=pacing))
+                line = _one_config(pg, numel, density, args.repeats, args.seed, block, sparse=sparse)
                 print(f"\n{RECORD_MARK}{json.dumps(line)}", flush=True)
     finally:
         dist.destroy_process_group()

@@ -8,11 +8,10 @@ density 1), and prints one JSON line per size.
 Input (``--input``): ``fresh`` -- every call gets a new tensor (a clone of the rank's input, made
 before the clock starts); ``same`` -- one tensor for every call, its input values copied back into
 it before the clock starts.  Pace (``--pace``): ``loop`` -- calls back to back, as a training loop
-issues them; ``barrier`` -- a barrier before every call (the ranks start each call together; the
-barrier is not timed; it is a gloo group's of its own for either backend, so homagg's barrier
-rounds through the switch stay out of the emulator's CPU figure).  With ``--barrier`` a rank also
-times ``dist.barrier()`` itself (the group's own barrier: homagg's is one switch round), reported
-as a size of 0 elements.
+issues them; ``barrier`` -- a ``dist.barrier()`` before every call (the ranks start each call
+together; the barrier is not timed; homagg's is a round through the switch, whose emulator CPU the
+figure below then includes).  With ``--barrier`` a rank also times ``dist.barrier()`` itself,
+reported as a size of 0 elements.
 
 Per timed call every rank records its wall time (``perf_counter`` around ``dist.all_reduce``) and
 its own CPU time, user and system apart (``getrusage(RUSAGE_SELF)``: every thread of the process,
@@ -175,8 +174,7 @@ def rank_main(args: argparse.Namespace) -> int:
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout), pg_options=options)
     try:
         pg = dist.distributed_c10d._get_default_group()
-        pacing = dist.new_group(backend="gloo") if args.pace == "barrier" else None
-        pace = None if pacing is None else (lambda: dist.barrier(group=pacing))
+        pace = dist.barrier if args.pace == "barrier" else None
         block = homagg.CodecConfig().block_size
         if args.barrier:
             print(f"\n{RECORD_MARK}{json.dumps(one_barrier(pg, args.calls, args.warmup, pace))}", flush=True)

@@ -1,6 +1,8 @@
 """A CUDA tensor of more than one block and at most ``_mid.MAX_ELEMENTS`` runs its call on a host
 copy (``homagg.codec._protocol._stages_on_host``): one transfer there and one back, the host path's
-round (the mid-size path's in steady state), the result in the input's memory.
+round (the mid-size path's in steady state), the result in the input's memory.  So does one of at
+most one block of float32, float64 or an integer dtype on the small-call path
+(``homagg.codec._small``: the C kernels in the port's own arrays in steady state).
 
 Oracle: the same calls on CPU tensors (the host path), bit for bit, and the float64 sum within
 README's bound; the CUDA runtime's sync-debug warnings count a steady call's synchronisations.
@@ -12,10 +14,12 @@ import pytest
 import torch
 
 import homagg
+import switch_emulator
 from homagg.bench._syncs import cuda_syncs
 from homagg.codec import _mid, _protocol
 from homagg.testing import check_within_bound, on_threads, sparse_tensors
-from homagg.transport import InProcessSwitch
+from homagg.transport import ControlClient, InProcessSwitch
+from tests.test_transport_small_rounds import _close, _ports
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")]
@@ -49,7 +53,9 @@ def _run(calls: list[list[torch.Tensor]], device: str, inplace: bool) -> list[li
 
 @pytest.mark.parametrize("inplace", [True, False])
 @pytest.mark.parametrize(("numel", "dtype"), [(5000, torch.float32), (_mid.MAX_ELEMENTS, torch.float32),
-                                               (70_001, torch.bfloat16), (3000, torch.int64)], ids=str)
+                                               (70_001, torch.bfloat16), (3000, torch.int64),
+                                               (1, torch.float32), (7, torch.float64), (1024, torch.float32),
+                                               (1, torch.int32), (3, torch.int64), (2, torch.bfloat16)], ids=str)
 def test_staged_calls_are_the_host_results(numel: int, dtype: torch.dtype, inplace: bool) -> None:
     calls = _calls(numel, dtype)
     want = _run(calls, "cpu", inplace)
@@ -113,3 +119,57 @@ def test_only_sizes_up_to_the_limit_are_staged(monkeypatch: pytest.MonkeyPatch) 
         x = torch.arange(n, dtype=torch.float32, device="cuda")
         got = homagg.allreduce(x, switch.port(0))
         assert torch.equal(got.cpu(), torch.arange(n, dtype=torch.float32)) and seen[-1] == where, (n, seen)
+
+
+def _udp_run(switch, calls: list[list[torch.Tensor]], device: str) -> list[list[torch.Tensor]]:
+    """:func:`_run` in place through UDP ports of the emulator (own arrays: the small path's kernels)."""
+    job, ports = _ports(switch, WORLD, True, k=64, slots=4)
+
+    def work(rank: int) -> list[torch.Tensor]:
+        history, out = homagg.History(), []
+        for xs in calls:
+            x = xs[rank].to(device, copy=True)
+            homagg.allreduce(x, ports[rank], history=history, key="g", inplace=True)
+            out.append(x.cpu())
+        return out
+
+    try:
+        return on_threads(work, WORLD, timeout=120)
+    finally:
+        _close(ports)
+        ControlClient(switch.control_addr).remove(job.job_id)
+
+
+@pytest.mark.parametrize(("numel", "dtype"), [(1, torch.float32), (9, torch.float64), (1, torch.int64)], ids=str)
+def test_small_device_calls_through_udp_ports_are_the_host_calls(numel: int, dtype: torch.dtype) -> None:
+    """Steady small calls of CUDA tensors on ports with own arrays (the C kernels on the host
+    copy): the CPU tensors' results, bit for bit."""
+    calls = _calls(numel, dtype)
+    with switch_emulator.start() as switch:
+        want = _udp_run(switch, calls, "cpu")
+        got = _udp_run(switch, calls, "cuda")
+    for c in range(len(calls)):
+        for r in range(WORLD):
+            assert torch.equal(got[r][c], want[r][c]), (c, r)
+
+
+def test_a_small_staged_steady_call_synchronises_twice() -> None:
+    """One element, a one-worker job through a UDP port, its third call: the copy to the host and
+    the copy back, nothing else (the small path used to read the values and write the result
+    through torch on the device)."""
+    with switch_emulator.start() as switch:
+        job, ports = _ports(switch, 1, True, k=64, slots=4)
+        try:
+            history = homagg.History()
+            x = torch.tensor([3.0], device="cuda")
+            for scale in (1.0, 1.25):
+                homagg.allreduce(x * scale, ports[0], history=history, key="g", inplace=True)
+            y = x * 1.5
+            torch.cuda.synchronize()
+            with cuda_syncs() as found:
+                homagg.allreduce(y, ports[0], history=history, key="g", inplace=True)
+            assert found.count <= 2, dict(found.sites)
+            assert y.item() == 4.5
+        finally:
+            _close(ports)
+            ControlClient(switch.control_addr).remove(job.job_id)

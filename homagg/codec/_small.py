@@ -20,7 +20,8 @@ block_size`` (one exponent block) and scheme ``auto`` or ``dense`` takes this pa
   judges in C (the Python check runs only where ranks disagree, for its message);
 * a steady in-place call of a contiguous CPU float32/float64 tensor encodes and decodes in C
   (:meth:`_Steady.native`, :mod:`homagg.codec._small_native`): the elements read from the tensor's
-  memory into the own arrays and the sums written back, no Python numbers in between.
+  memory into the own arrays and the sums written back, no Python numbers in between; a device
+  tensor of those dtypes (or an integer one) runs on a host copy, one copy there and one back.
 
 Rounds (``L`` words per value, ``n`` elements):
 
@@ -73,6 +74,8 @@ _INTS = frozenset({torch.int8, torch.uint8, torch.int16, torch.int32, torch.int6
 _NUMPY = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8})
 #: dtypes the native kernels read and write in the tensor's own memory (:mod:`._small_native`)
 _NATIVE = frozenset({torch.float32, torch.float64})
+#: dtypes whose device tensors run on a host copy (float16/bfloat16 convert their results on the device)
+_STAGED = _NATIVE | _INTS
 _OPS = (CombineOp.MAX, CombineOp.ADD)
 _MAX_ONLY = (CombineOp.MAX,)
 _ADD_ONLY = (CombineOp.ADD,)
@@ -114,6 +117,13 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
     """The exact SUM of ``tensor`` over the workers behind ``port`` (see the module docstring);
     ``inplace``: written into ``tensor``, which is returned."""
     dtype, n, world = tensor.dtype, tensor.numel(), port.world_size
+    if not tensor.is_cpu and dtype in _STAGED:  # a device tensor's call on a host copy: the same bits
+        host_copy = tensor.detach().to("cpu").contiguous()
+        allreduce(host_copy, port, scheme, cfg, stats, True, history, key)
+        if not inplace:
+            return host_copy.to(tensor.device)
+        tensor.detach().copy_(host_copy)  # its memory (a leaf that requires grad takes no in-place op itself)
+        return tensor
     slot = (key, n, dtype, world, cfg.block_size)
     prior = history.get(slot) if history is not None else None
     steady: _Steady | None = None  # a float call's kept signature

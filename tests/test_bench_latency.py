@@ -81,11 +81,13 @@ def test_records_well_formed_and_exact(tmp_path_factory: pytest.TempPathFactory)
 
 def test_barrier_pace(tmp_path: Path) -> None:
     """``--pace barrier``: each timed call after an untimed ``dist.barrier()``, the results exact,
-    homagg's rounds per call those of the all_reduce alone (its barriers count apart)."""
+    homagg's rounds per call those of the all_reduce alone (its barriers count apart); the timed
+    barriers of ``--barrier`` run back to back (one switch round each, no pacing barrier)."""
     assert main(["bench", "latency", "--world", "2", "--numel", "1", "--calls", "4", "--warmup", "1",
-                 "--pace", "barrier", "--no-limit", "--out", str(tmp_path)]) == 0
+                 "--pace", "barrier", "--barrier", "--no-limit", "--out", str(tmp_path)]) == 0
     records = json.loads((tmp_path / "records.json").read_text())["records"]
-    assert sorted(r["backend"] for r in records) == ["gloo", "homagg"]
+    assert sorted((r["backend"], r["op"]) for r in records) == [
+        ("gloo", "allreduce"), ("gloo", "barrier"), ("homagg", "allreduce"), ("homagg", "barrier")]
     for rec in records:
         assert rec["pace"] == "barrier" and rec["exact"] and len(rec["times_s"]) == 4, rec
         if rec["backend"] == "homagg":

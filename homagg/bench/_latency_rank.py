@@ -10,8 +10,8 @@ before the clock starts); ``same`` -- one tensor for every call, its input value
 it before the clock starts.  Pace (``--pace``): ``loop`` -- calls back to back, as a training loop
 issues them; ``barrier`` -- a ``dist.barrier()`` before every call (the ranks start each call
 together; the barrier is not timed; homagg's is a round through the switch, whose emulator CPU the
-figure below then includes).  With ``--barrier`` a rank also times ``dist.barrier()`` itself,
-reported as a size of 0 elements.
+figure below then includes).  With ``--barrier`` a rank also times ``dist.barrier()`` itself, back
+to back at either pace, reported as a size of 0 elements.
 
 Per timed call every rank records its wall time (``perf_counter`` around ``dist.all_reduce``) and
 its own CPU time, user and system apart (``getrusage(RUSAGE_SELF)``: every thread of the process,
@@ -117,10 +117,10 @@ def one_size(pg: Any, numel: int, calls: int, warmup: int, fresh: bool, pace: An
     return out
 
 
-def one_barrier(pg: Any, calls: int, warmup: int, pace: Any) -> dict[str, Any]:
-    """Time ``warmup + calls`` calls of ``dist.barrier()`` (``pace``: None, or the untimed barrier
-    before each); the rank's report, as :func:`one_size`'s with 0 elements (homagg: its rounds are
-    the group's barrier rounds)."""
+def one_barrier(pg: Any, calls: int, warmup: int) -> dict[str, Any]:
+    """Time ``warmup + calls`` calls of ``dist.barrier()``, back to back whatever the pace (a barrier
+    before a barrier would only double it); the rank's report, as :func:`one_size`'s with 0 elements
+    (homagg: its rounds are the group's barrier rounds)."""
     import torch.distributed as dist
 
     load = os.getloadavg()
@@ -136,8 +136,6 @@ def one_barrier(pg: Any, calls: int, warmup: int, pace: Any) -> dict[str, Any]:
         if call == warmup:
             timed_rounds0 = rounds()
             switch0 = process_cpu(switch) if switch is not None else None
-        if pace is not None:
-            pace()
         use0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         dist.barrier()
@@ -177,7 +175,7 @@ def rank_main(args: argparse.Namespace) -> int:
         pace = dist.barrier if args.pace == "barrier" else None
         block = homagg.CodecConfig().block_size
         if args.barrier:
-            print(f"\n{RECORD_MARK}{json.dumps(one_barrier(pg, args.calls, args.warmup, pace))}", flush=True)
+            print(f"\n{RECORD_MARK}{json.dumps(one_barrier(pg, args.calls, args.warmup))}", flush=True)
         for numel in args.numel:
             line = one_size(pg, numel, args.calls, args.warmup, args.input == "fresh", pace, args.seed, block)
             print(f"\n{RECORD_MARK}{json.dumps(line)}", flush=True)

@@ -3,8 +3,7 @@
 A rank joins the default group of one backend (``gloo``, or ``homagg`` with one scheme through
 ``pg_options``) and, for every (numel, density) it is given, times one warm-up and ``repeats``
 calls of ``dist.all_reduce`` and prints one JSON line per configuration.  Each call runs between
-two barriers: no rank checks or digests a result while another is still in the call.  The
-barriers are the group's own ``dist.barrier()`` (gloo's; homagg's is a round through the switch).
+two barriers: no rank checks or digests a result while another is still in the call.
 Backend ``gloo-sparse`` is gloo's all_reduce of the same data as a torch sparse COO tensor (what
 torch offers for sparse gradients: gloo all-gathers every rank's indices and values and sums
 locally); the input is converted to COO before the clock starts, as an ``nn.Embedding(sparse=True)``
@@ -20,9 +19,8 @@ result bit for bit without shipping tensors.
 
 CPU per timed call: every rank its own user and system seconds (``getrusage``, every thread);
 rank 0 also the switch emulator's (:func:`switch_pid`: ``/proc/<pid>/stat``, every thread, read
-before the call's first barrier and after its second, when the emulator has nothing else to do: so
-it includes homagg's two barrier rounds, one word each; ``bench latency`` without barriers gives a
-call's own), ``None`` where the emulator's process is not known or not its own.
+before the call's first barrier and after its second, when the emulator has nothing else to do:
+homagg's barriers run on gloo), ``None`` where the emulator's process is not known or not its own.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ killed with whatever it started when the launch ends, fails or stalls; every ran
 to kill it when the launcher dies, so no rank outlives this command).  Each rank runs
 :mod:`homagg.bench._latency_rank` over every size of ``--numel`` (fp32 elements; default
 1, 256, 16K and 256K: 4 bytes to 1 MB): ``--warmup`` calls, then ``--calls`` timed calls; with
-``--barrier`` also ``dist.barrier()`` itself (a record of ``op`` ``barrier``, 0 elements: homagg's
-barrier is one switch round, gloo's its own).
+``--barrier`` also ``dist.barrier()`` itself (a record of ``op`` ``barrier``, 0 elements; homagg's
+runs on its gloo side: its rounds per call, switch rounds, are 0).
 
 A call's time is the slowest rank's time of that call (``perf_counter`` around ``dist.all_reduce``
 in each rank); the record holds its p50/p90/p99 and mean over the timed calls, the gloo p50 over
@@ -91,7 +91,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pace", default="loop", help="loop: calls back to back (default); barrier: a "
                                                        "dist.barrier() (untimed) before every call")
     parser.add_argument("--barrier", action="store_true",
-                        help="also time dist.barrier() (a row of 0 elements; homagg: one switch round)")
+                        help="also time dist.barrier() (a row of 0 elements)")
     parser.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds: the groups' timeout, and silence after which the ranks count as hung")

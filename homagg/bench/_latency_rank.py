@@ -9,9 +9,8 @@ Input (``--input``): ``fresh`` -- every call gets a new tensor (a clone of the r
 before the clock starts); ``same`` -- one tensor for every call, its input values copied back into
 it before the clock starts.  Pace (``--pace``): ``loop`` -- calls back to back, as a training loop
 issues them; ``barrier`` -- a ``dist.barrier()`` before every call (the ranks start each call
-together; the barrier is not timed; homagg's is a round through the switch, whose emulator CPU the
-figure below then includes).  With ``--barrier`` a rank also times ``dist.barrier()`` itself, back
-to back at either pace, reported as a size of 0 elements.
+together; the barrier is not timed).  With ``--barrier`` a rank also times ``dist.barrier()``
+itself, back to back at either pace, reported as a size of 0 elements.
 
 Per timed call every rank records its wall time (``perf_counter`` around ``dist.all_reduce``) and
 its own CPU time, user and system apart (``getrusage(RUSAGE_SELF)``: every thread of the process,
@@ -120,12 +119,11 @@ def one_size(pg: Any, numel: int, calls: int, warmup: int, fresh: bool, pace: An
 def one_barrier(pg: Any, calls: int, warmup: int) -> dict[str, Any]:
     """Time ``warmup + calls`` calls of ``dist.barrier()``, back to back whatever the pace (a barrier
     before a barrier would only double it); the rank's report, as :func:`one_size`'s with 0 elements
-    (homagg: its rounds are the group's barrier rounds)."""
+    (homagg: the group's switch rounds during the barriers)."""
     import torch.distributed as dist
 
     load = os.getloadavg()
-    barrier_stats = getattr(pg, "barrier_stats", None)
-    rounds = (lambda: None) if barrier_stats is None else (lambda: int(barrier_stats.rounds))  # noqa: E731
+    rounds = lambda: _rounds(pg)  # noqa: E731
     switch = switch_pid(pg) if dist.get_rank() == 0 else None
     times: list[float] = []
     cpu_user: list[float] = []

@@ -4,9 +4,8 @@ A thin adapter.  Float SUM/AVG and int32/int64 SUM allreduces of dense and spars
 through the homagg codec (:func:`homagg.allreduce`) and the group's switch port (a sparse result
 is a coalesced COO tensor copied into the input, as gloo does: DDP's ``sparse=True`` embedding
 gradients take this path); broadcast, allgather, ``all_gather_single``
-(``all_gather_into_tensor``) and every allreduce the codec does not take (MAX/MIN/PRODUCT/BAND...,
-other dtypes and layouts) run on a private gloo group; a barrier is one switch round
-(:meth:`._routing.SmallCalls.barrier`; on gloo where small calls are off).  All of
+(``all_gather_into_tensor``), barrier and every allreduce the codec does not take
+(MAX/MIN/PRODUCT/BAND..., other dtypes and layouts) run on a private gloo group.  All of
 these run on the group's :class:`~homagg.torch._work.FifoWorker`, in call order on every rank;
 a small synchronous codec allreduce issued outside backward runs in the caller's thread instead
 when the worker is idle, holding the worker's order (:mod:`._routing`: the hand-off and wake-up
@@ -94,7 +93,6 @@ class ProcessGroupHomagg(ProcessGroup):
         self._small = SmallCalls(config.scheme, self._codec, size)  # small calls' straight route
         #: what this rank's codec allreduces sent: bytes per stream, rounds, redos (accumulates)
         self.stats = codec.WorkerStats()
-        self.barrier_stats = codec.WorkerStats()  #: what this rank's barriers sent through the switch
         #: what earlier allreduces agreed (exponents, union sizes), keyed by numel and dtype: a
         #: tensor of a size seen before (a DDP bucket) takes one round instead of two or three
         self.history = codec.History()
@@ -261,12 +259,6 @@ class ProcessGroupHomagg(ProcessGroup):
 
     def barrier(self, opts: Any = None) -> HomaggWork | CompletedWork:
         opts = opts if opts is not None else dist.BarrierOptions()
-        if self._small.takes_barrier():
-            def task() -> TaskResult:
-                path = self._path
-                return self._small.barrier(path if path is not None else self.switch.port, path, self.barrier_stats,
-                                           self.rank())
-            return self._submit_small("barrier", task) if sync_outside_backward(opts) else self._submit("barrier", task)
         return self._on_gloo("barrier", lambda g: g.barrier(opts), [], opts, header_suffices=True)
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:

@@ -15,9 +15,6 @@ the group's worker.
   AVG, synchronous) goes from the group's ``allreduce`` straight to the codec's small-call path,
   with both tests above answered at once (``tests/test_small_call_routing.py``) and the codec's own
   test for that path kept per size; the same call, less the general dispatch's work.
-* :meth:`SmallCalls.barrier`: the group's barrier as one round through the switch (SHARP's
-  in-network barrier): every rank's zero word reaches the switch before any rank's result leaves
-  it, so no rank leaves before every rank has entered; one round trip instead of gloo's steps.
 
 Invariant: running inline changes when a call runs in this process, never the order of calls on
 any rank: it happens only when no queued or running task exists, and the worker starts no task
@@ -30,8 +27,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from .._errors import HomAggError, ProtocolError, SwitchTimeoutError, TransportError
 
 __all__ = ["CODEC_FLOAT_DTYPES", "CODEC_INT_DTYPES", "INLINE_MAX_BYTES", "SmallCalls", "codec_takes", "runs_inline",
            "small_call", "sync_outside_backward"]
@@ -122,34 +117,6 @@ class SmallCalls:
         """``homagg.allreduce(t, port, inplace=True, ...)`` for a ``t`` it :meth:`takes`."""
         stats.calls += 1
         self._module.allreduce(t, port, self.scheme, self.config, stats, True, history, None)
-
-    def takes_barrier(self) -> bool:
-        """Whether :meth:`barrier` runs (the small-call path takes one int32 element)."""
-        return self.takes(_BARRIER_WORD)
-
-    def barrier(self, port: Any, path: Any, stats: Any, rank: int) -> list[torch.Tensor]:
-        """A barrier as one round through ``port`` (``path``: the group's
-        :class:`~homagg.torch._fallback.PathPort`, or None): the SUM of one zero int32 word per rank,
-        which the switch answers only when every rank's word arrived.  Counted in ``stats`` (the
-        group's ``barrier_stats``), not as a call: no call boundary and no history, alike on every
-        rank; a switch that fails in it falls back as any round does, and a transport error that
-        ends it names the barrier and ``rank``.  Returns no tensors (gloo's barrier result)."""
-        word = torch.zeros(1, dtype=torch.int32)
-        stats.calls += 1
-        try:
-            self._module.allreduce(word, port, self.scheme, self.config, stats, True, None, None)
-        except HomAggError as exc:
-            if type(exc) in (TransportError, SwitchTimeoutError):  # a peer gone, the switch and gloo too
-                raise type(exc)(f"homagg barrier (rank {rank}, a switch round): {exc}") from exc
-            if path is not None and not isinstance(exc, TransportError):
-                path.abort(exc)  # as ProcessGroupHomagg._codec_allreduce: the others must raise too
-            raise
-        if int(word[0]) != 0:
-            raise ProtocolError(f"homagg barrier: the ranks' zero words summed to {int(word[0])}")
-        return []
-
-
-_BARRIER_WORD = torch.zeros(1, dtype=torch.int32)  # the key of SmallCalls.takes for a barrier
 
 
 def sync_outside_backward(opts: Any) -> bool:

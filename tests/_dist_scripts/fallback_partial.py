@@ -5,8 +5,8 @@ emulator (``mute``: the switch combines as usual, rank 2 gets no result), all ra
 all_reduce; ranks 0 and 1 get the result and return, rank 2 waits.  Rank 0 then SIGKILLs the
 emulator (unless ``KILL=0``: then rank 2 finds the stalled switch at its progress timeout) and every
 rank goes on with ``NEXT``: another all_reduce (the ranks that finished fail in it and join rank
-2's agreement), a barrier (a switch round: the same), a broadcast through the homagg group (their
-header meets rank 2's agreement), or ``none``: the group is destroyed at once (the agreement at close meets rank 2's).  Each rank
+2's agreement), a broadcast through the homagg group (their header meets rank 2's agreement), or
+``none``: the group is destroyed at once (the agreement at close meets rank 2's).  Each rank
 reports its result of the muted call, the next operation's result, and the group's path
 statistics; the test compares them with the exact sums and across ranks.
 """
@@ -61,9 +61,6 @@ with warnings.catch_warnings(record=True) as caught:
         os.kill(emulator.process.pid, signal.SIGKILL)
     if NEXT == "none":
         following = torch.zeros(0)
-    elif NEXT == "barrier":  # a switch round too: the finished ranks fail in it, as in an all_reduce
-        following = torch.zeros(0)
-        dist.barrier()
     elif NEXT == "allreduce":
         following = data(RANK, 2)
         dist.all_reduce(following)

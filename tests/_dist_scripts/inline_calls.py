@@ -173,28 +173,20 @@ def _timed_barrier() -> dict:
 
 
 def check_barrier_header() -> dict:
-    """A barrier is one switch round (no gloo barrier asked for).  With the switch barrier off (the
-    small path does not take its word, as where small calls are off) a barrier after switch rounds is
-    the path port's agreement and one with no switch round since is gloo's.  Each holds every rank
-    until the last arrives."""
+    """A barrier after switch rounds is the path port's agreement (no gloo barrier asked for); one
+    with no switch round since is gloo's; both hold every rank until the last arrives."""
     counting = _CountingGloo(PG._private)
     PG._private = counting
     try:
         x = torch.ones(1)
-        dist.all_reduce(x)
-        rounds = PG.barrier_stats.rounds
-        switch = _timed_barrier()
-        switch.update(gloo_barriers=counting.barriers, rounds=PG.barrier_stats.rounds - rounds)
-        PG._small._takes[(1, torch.int32)] = False
         dist.all_reduce(x)  # a switch round: the next gloo-side operation runs the agreement first
         after_switch = _timed_barrier()
-        after_switch["gloo_barriers"] = counting.barriers - switch["gloo_barriers"]
+        after_switch["gloo_barriers"] = counting.barriers
         plain = _timed_barrier()  # nothing since the agreement: gloo's barrier
-        plain["gloo_barriers"] = counting.barriers - switch["gloo_barriers"] - after_switch["gloo_barriers"]
-        return {"switch": switch, "after_switch": after_switch, "plain": plain, "sum": x.tolist(), "path": PG.path}
+        plain["gloo_barriers"] = counting.barriers - after_switch["gloo_barriers"]
+        return {"after_switch": after_switch, "plain": plain, "sum": x.tolist(), "path": PG.path}
     finally:
         PG._private = counting.inner
-        PG._small._takes.pop((1, torch.int32), None)
 
 
 def check_allgather_without_options() -> dict:

@@ -104,7 +104,8 @@ def one_size(pg: Any, numel: int, calls: int, warmup: int, fresh: bool, pace: An
     timed_rounds = _rounds(pg)
     switch1 = process_cpu(switch) if switch is not None else None
     out: dict[str, Any] = {
-        "numel": numel, "op": "allreduce", "times": times, "cpu_user": cpu_user, "cpu_sys": cpu_sys, "digests": digests,
+        "numel": numel, "op": "allreduce", "times": times, "cpu_user": cpu_user, "cpu_sys": cpu_sys,
+        "digests": digests,
         "load_avg": list(load), "first_call_rounds": first_rounds,
         "rounds_per_call": (None if timed_rounds is None or timed_rounds0 is None
                             else (timed_rounds - timed_rounds0) / calls),
@@ -123,16 +124,15 @@ def one_barrier(pg: Any, calls: int, warmup: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     load = os.getloadavg()
-    rounds = lambda: _rounds(pg)  # noqa: E731
     switch = switch_pid(pg) if dist.get_rank() == 0 else None
     times: list[float] = []
     cpu_user: list[float] = []
     cpu_sys: list[float] = []
-    rounds0 = rounds()
+    rounds0 = _rounds(pg)
     first_rounds = timed_rounds0 = switch0 = None
     for call in range(warmup + calls):
         if call == warmup:
-            timed_rounds0 = rounds()
+            timed_rounds0 = _rounds(pg)
             switch0 = process_cpu(switch) if switch is not None else None
         use0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
@@ -140,12 +140,12 @@ def one_barrier(pg: Any, calls: int, warmup: int) -> dict[str, Any]:
         elapsed = time.perf_counter() - t0
         use1 = resource.getrusage(resource.RUSAGE_SELF)
         if call == 0 and rounds0 is not None:
-            first_rounds = rounds() - rounds0  # type: ignore[operator]
+            first_rounds = _rounds(pg) - rounds0  # type: ignore[operator]
         if call >= warmup:
             times.append(elapsed)
             cpu_user.append(use1.ru_utime - use0.ru_utime)
             cpu_sys.append(use1.ru_stime - use0.ru_stime)
-    timed_rounds = rounds()
+    timed_rounds = _rounds(pg)
     switch1 = process_cpu(switch) if switch is not None else None
     return {"numel": 0, "op": "barrier", "times": times, "cpu_user": cpu_user, "cpu_sys": cpu_sys, "digests": [],
             "load_avg": list(load), "first_call_rounds": first_rounds,

@@ -22,6 +22,8 @@ paths against each other.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -29,7 +31,7 @@ from . import _native
 
 __all__ = ["nonzero_positions", "nonzeros_and_bitmap", "nonzero_word_bitmap", "bitmap_of", "set_bit_positions", "bit_ranks", "sorted_slots", "decode_into_",
            "decode_bits_into_", "count_set_bits", "select_by_bits", "place_by_bits", "scatter_", "gather",
-           "reads_free", "nonzero_bitmap", "set_bit_count"]
+           "reads_free", "nonzero_bitmap", "set_bit_count", "on_host_copy"]
 
 _CHUNK = 1 << 20  #: elements per chunk of the nonzero scan (its bool buffer stays in cache)
 
@@ -338,3 +340,16 @@ def scatter_(out: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> No
         out[index] = values
         return
     out.numpy()[index.numpy()] = values.numpy()
+
+
+def on_host_copy(tensor: torch.Tensor, inplace: bool, run: Callable[[torch.Tensor], object]) -> torch.Tensor:
+    """A device tensor's call on a host copy: ``run`` on a contiguous CPU copy (in place), then the
+    result back, into ``tensor``'s memory where ``inplace`` (through a detached view: a leaf that
+    requires grad takes no in-place op itself), else as a new tensor on its device.  One transfer
+    each way; the host call's results, bit for bit."""
+    host = tensor.detach().to("cpu").contiguous()
+    run(host)
+    if not inplace:
+        return host.to(tensor.device)
+    tensor.detach().copy_(host)
+    return tensor

@@ -48,10 +48,10 @@ from . import _descriptor, _exponent_native, _exponents, _hostops, _mid_native, 
 from ._blocks import _float32_limit, dequantize_into, quantize
 from ._config import CodecConfig
 from ._cost import choose
-from ._schemes import guess_pays
 from ._fixedpoint import EMPTY_EXPONENT, float_words, precision_bits
 from ._history import Agreed, History
 from ._host_factors import frexp_exponents32, grid_factors32_kept
+from ._schemes import guess_pays
 from ._stats import WorkerStats
 
 __all__ = ["MAX_ELEMENTS", "allreduce"]

@@ -64,12 +64,8 @@ def allreduce(
     if _small.takes(tensor, scheme, cfg, port.world_size):  # one block: scalar arithmetic, one datagram per op
         return _small.allreduce(tensor, port, scheme, cfg, stats, inplace, history, key)
     if cfg.small_calls and _stages_on_host(tensor):
-        host = tensor.detach().to("cpu").contiguous()  # one transfer: the host path's results, bit for bit
-        _allreduce(host, port, scheme, cfg, stats, True, history, key)
-        if not inplace:
-            return host.to(tensor.device)
-        tensor.detach().copy_(host)  # its memory (a leaf that requires grad takes no in-place op itself)
-        return tensor
+        return _hostops.on_host_copy(tensor, inplace,
+                                     lambda host: _allreduce(host, port, scheme, cfg, stats, True, history, key))
     return _allreduce(tensor, port, scheme, cfg, stats, inplace, history, key)
 
 

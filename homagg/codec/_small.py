@@ -56,7 +56,7 @@ import torch
 
 from ..transport import SwitchPort
 from ..wire import CombineOp
-from . import _descriptor, _small_native
+from . import _descriptor, _hostops, _small_native
 from ._config import CodecConfig
 from ._fixedpoint import float_words
 from ._history import Agreed, History
@@ -118,12 +118,8 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
     ``inplace``: written into ``tensor``, which is returned."""
     dtype, n, world = tensor.dtype, tensor.numel(), port.world_size
     if not tensor.is_cpu and dtype in _STAGED:  # a device tensor's call on a host copy: the same bits
-        host_copy = tensor.detach().to("cpu").contiguous()
-        allreduce(host_copy, port, scheme, cfg, stats, True, history, key)
-        if not inplace:
-            return host_copy.to(tensor.device)
-        tensor.detach().copy_(host_copy)  # its memory (a leaf that requires grad takes no in-place op itself)
-        return tensor
+        return _hostops.on_host_copy(tensor, inplace,
+                                     lambda host: allreduce(host, port, scheme, cfg, stats, True, history, key))
     slot = (key, n, dtype, world, cfg.block_size)
     prior = history.get(slot) if history is not None else None
     steady: _Steady | None = None  # a float call's kept signature

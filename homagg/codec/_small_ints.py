@@ -28,7 +28,7 @@ from .._errors import IntegerOverflowError
 from ..transport import SwitchPort
 from ..wire import CombineOp
 from . import _descriptor
-from ._fixedpoint import from_limbs
+from ._fixedpoint import from_limbs, to_limbs
 from ._small_grid import nonzero_rows
 from ._stats import WorkerStats
 
@@ -72,7 +72,7 @@ class IntSteady:
         if n <= _SCALAR:
             words[:] = _split(view.tolist(), limbs)
         else:
-            np.copyto(words.reshape(n, limbs), _split_array(view.astype(np.int64), limbs), casting="unsafe")
+            np.copyto(words.reshape(n, limbs), to_limbs(torch.from_numpy(view), limbs).numpy())
         stats.rounds += 1
         sent = stats.bytes_per_stream
         sent[_descriptor.NAME] += 4 * _descriptor.LENGTH
@@ -109,11 +109,6 @@ def _split(values: list[int], limbs: int) -> list[int]:
     return [w for v in values for w in (*((v >> (16 * k)) & 0xFFFF for k in range(limbs - 1)), v >> top)]
 
 
-def _split_array(values: np.ndarray, limbs: int) -> np.ndarray:
-    """:func:`_split` of an int64 array: an (n, limbs) int64 array."""
-    return np.stack([(values >> (16 * k)) & 0xFFFF for k in range(limbs - 1)] + [values >> (16 * (limbs - 1))], axis=1)
-
-
 def int_call(call: Any, values: list[int] | np.ndarray, dtype: torch.dtype) -> list[int] | np.ndarray:
     """The round through ``call`` (:class:`homagg.codec._small._Call`, any port): the values' limbs
     as its ADD stream; returns the exact sums (int64), with the general path's own carry and range
@@ -122,6 +117,6 @@ def int_call(call: Any, values: list[int] | np.ndarray, dtype: torch.dtype) -> l
     if isinstance(values, list):
         words = np.array(_split(values, limbs), dtype=np.int32)
     else:
-        words = _split_array(values, limbs).reshape(-1).astype(np.int32)
+        words = to_limbs(torch.from_numpy(values), limbs).numpy().reshape(-1)
     sums = call.round(None, None, words)[1].reshape(-1, limbs)
     return from_limbs(torch.from_numpy(sums), dtype).to(torch.int64).numpy()

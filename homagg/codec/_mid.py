@@ -128,7 +128,7 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
         if kernel is None:
             kernel = own.kept[sig] = _mid_native.MidKernel(sig, block, own.ins)
         arrays = own.ins
-        if kernel.encode(flat.data_ptr(), previous.data_ptr()) != _mid_native.ENCODED:
+        if kernel.encode(flat.data_ptr(), previous.data_ptr(), flat.data_ptr()) != _mid_native.ENCODED:
             return False  # a NaN or an infinity: the general path raises NonFiniteError, before anything is sent
     else:
         arrays = own.ins if own is not None else _arrays(sig)
@@ -142,7 +142,10 @@ def allreduce(tensor: torch.Tensor, port: SwitchPort, scheme: str, cfg: CodecCon
     sent["guess"] += 4 * sig.blocks
     sent["values"] += sig.value_bytes
     # the descriptor's check runs exactly once (a mismatch raises here, nothing decoded)
-    combined = own.run(_descriptor.AGREEMENT) if own is not None else _named_round(port, arrays)
+    # the values decode into the tensor as their chunks come (``kernel.on_results``, where the
+    # settle allows it): the inputs are in the round's arrays by now, never read from the tensor again
+    combined = own.run(_descriptor.AGREEMENT, kernel.on_results if kernel is not None else None) \
+        if own is not None else _named_round(port, arrays)
     agreed = torch.from_numpy(combined[1].copy())  # the history keeps it: the own arrays are the port's
     if kernel is not None and kernel.decode(combined, flat.data_ptr()) == _mid_native.DECODED:
         union, held, moved = kernel.figures()

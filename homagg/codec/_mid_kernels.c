@@ -122,10 +122,9 @@ int homagg_mid_encode(hg_mid_call *c) {
     return 0;
 }
 
-/* 0: the results written to dst (union_count, held, moved set); 1: a block to redo; 2: a decode
- * factor outside float32's normal range, or wide words (the float64 decode); on 1 and 2 nothing is
- * written to dst (held and moved are set). */
-int homagg_mid_decode(hg_mid_call *c) {
+/* homagg_settle32 and the decode factors: 0 (factor set for every block), 1 (a block to redo) or 2
+ * (a decode factor outside float32's normal range, or wide words); held and moved set on all three. */
+static int settle_factors(hg_mid_call *c) {
     const int64_t nb = c->blocks;
     int64_t counts[2] = {0, 0};
     homagg_settle32(c->agreed, c->mng, nb, c->slack, c->bad, c->exps, c->previous, c->raise_by, counts);
@@ -145,6 +144,97 @@ int homagg_mid_decode(hg_mid_call *c) {
         uint32_t bits = float_bits(biased);
         memcpy(&c->factor[b], &bits, sizeof bits);
     }
+    return 0;
+}
+
+/* homagg_dequantize32 of elements [lo, hi) (any bounds: a block cut by them decodes its part with
+ * its factor, element by element the same operation): the count of nonzero sums among them. */
+static int64_t dequantize_range(const hg_mid_call *c, const int32_t *sums, int64_t lo, int64_t hi) {
+    const int64_t bs = c->block_size;
+    int64_t nonzero = 0;
+    while (lo < hi) {
+        const int64_t b = lo / bs, end = (b + 1) * bs < hi ? (b + 1) * bs : hi;
+        nonzero += homagg_dequantize32(sums + lo, end - lo, bs, c->factor + b, c->dst + lo);
+        lo = end;
+    }
+    return nonzero;
+}
+
+/* 0: the results written to dst (union_count, held, moved set); 1: a block to redo; 2: a decode
+ * factor outside float32's normal range, or wide words (the float64 decode); on 1 and 2 nothing is
+ * written to dst (held and moved are set). */
+int homagg_mid_decode(hg_mid_call *c) {
+    const int rc = settle_factors(c);
+    if (rc)
+        return rc;
     c->union_count = homagg_dequantize32(c->sums, c->n, c->block_size, c->factor, c->dst);
+    return 0;
+}
+
+/* The decode of a round's values chunks while later ones are in flight (the round's results hook,
+ * homagg/transport/_fastpath.h hg_results_fn; homagg/codec/_mid.py passes it to OwnRound.run).
+ * The round's streams are [descriptor, exponents, guess, values] (stream VALUES).  Once stream 0 is
+ * verified and every chunk of the first three completed, the hook settles (the same steps as
+ * homagg_mid_decode, on the round's output arrays); where that settles with no block to redo and
+ * float32 factors (state DECODING), every values chunk completed from the lowest not yet decoded up
+ * is decoded into dst, in chunk order, as its results come; else (state REFUSED) it writes nothing
+ * and the call decodes after the round as before.  homagg_mid_finish decodes the chunks left.
+ *
+ * Invariant: dst's elements are written only with their final results (a chunk completed at this
+ * rank holds the switch's combined words, final; a block to redo is never decoded here), and the
+ * call's result, union and counts are homagg_mid_decode's bit for bit (the same factors, the same
+ * per-element operation; tests/test_mid_calls.py). */
+enum { VALUES = 3, WAITING = 0, DECODING = 1, REFUSED = 2 };
+
+typedef struct {
+    hg_mid_call *call;
+    /* per round (reset by the caller: state WAITING, next 0, union_count 0, sums NULL) */
+    int64_t state;
+    int64_t next;            /* chunk id of the lowest values chunk not decoded yet (0: not known) */
+    int64_t first;           /* chunk id of the values stream's first chunk (0: not known) */
+    int64_t union_count;     /* nonzero sums among the decoded chunks */
+    const int32_t *sums;     /* the round's values output the hook decoded from */
+    const int32_t *off, *wc; /* the round's chunk table (the hook's arguments) */
+    int64_t total;
+} hg_mid_sink;
+
+void homagg_mid_results(hg_mid_sink *k, int32_t *const *out, const int32_t *stream, const int32_t *off,
+                        const int32_t *wc, const uint8_t *completed, int64_t total, int64_t verified) {
+    hg_mid_call *c = k->call;
+    if (k->state == WAITING) {
+        if (!verified)
+            return;
+        int64_t first = 0;
+        for (; first < total && stream[first] < VALUES; first++)
+            if (!completed[first])
+                return;
+        c->agreed = out[1];
+        c->mng = out[2];
+        c->sums = k->sums = out[VALUES];
+        k->off = off;
+        k->wc = wc;
+        k->total = total;
+        k->next = k->first = first;
+        k->state = settle_factors(c) == 0 ? DECODING : REFUSED;
+    }
+    if (k->state != DECODING)
+        return;
+    int64_t i = k->next;
+    for (; i < total && completed[i]; i++)
+        k->union_count += dequantize_range(c, k->sums, off[i], off[i] + wc[i]);
+    k->next = i;
+}
+
+/* After the round, with the call's agreed/mng/sums bound to the round's results: where the hook
+ * decoded from these very results, the values chunks it left (chunk ids next .. total) and 0
+ * (union_count the whole count); else homagg_mid_decode (a fallback's results are other arrays). */
+int homagg_mid_finish(hg_mid_sink *k) {
+    hg_mid_call *c = k->call;
+    if (k->state != DECODING || k->sums != c->sums)
+        return homagg_mid_decode(c);
+    for (int64_t i = k->next; i < k->total; i++)
+        k->union_count += dequantize_range(c, k->sums, k->off[i], k->off[i] + k->wc[i]);
+    k->next = k->total;
+    c->union_count = k->union_count;
     return 0;
 }

@@ -12,6 +12,7 @@ each).
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 import numpy as np
@@ -42,9 +43,21 @@ class _Call(ctypes.Structure):
                 ("union_count", ctypes.c_int64), ("held", ctypes.c_int64), ("moved", ctypes.c_int64)]
 
 
+class _Sink(ctypes.Structure):
+    """``hg_mid_sink`` (``_mid_kernels.c``), field for field."""
+
+    _fields_ = [("call", _P), ("state", ctypes.c_int64), ("next", ctypes.c_int64), ("first", ctypes.c_int64), ("union_count", ctypes.c_int64),
+                ("sums", _P), ("off", _P), ("wc", _P), ("total", ctypes.c_int64)]
+
+
+#: whether the library decodes a round's chunks as they come (``homagg_mid_results``: a library built
+#: before it decodes after the round); ``HOMAGG_MID_OVERLAP=0`` turns it off (A/B runs, tests)
+OVERLAP = AVAILABLE and hasattr(_LIB, "homagg_mid_results") and os.environ.get("HOMAGG_MID_OVERLAP", "1") != "0"
+_RESULTS_HOOK = ctypes.cast(_LIB.homagg_mid_results, ctypes.c_void_p).value if OVERLAP else None  # type: ignore[union-attr]
+
 if AVAILABLE:
     assert _LIB is not None
-    for _name in ("homagg_mid_encode", "homagg_mid_decode"):
+    for _name in ("homagg_mid_encode", "homagg_mid_decode") + (("homagg_mid_finish",) if OVERLAP else ()):
         getattr(_LIB, _name).argtypes = [ctypes.c_void_p]
         getattr(_LIB, _name).restype = ctypes.c_int
 
@@ -70,17 +83,34 @@ class MidKernel:
         self._ref = ctypes.addressof(st)
         self._encode, self._decode = _LIB.homagg_mid_encode, _LIB.homagg_mid_decode  # type: ignore[union-attr]
         self._outs: list[np.ndarray] | None = None  # the combined arrays the struct points at now
+        self._sink = _Sink(call=self._ref)
+        #: the round's results hook (:meth:`~homagg.transport.OwnRound.run`'s ``on_results``) where
+        #: the values decode as they come (one word per value), else None
+        self.on_results = (_RESULTS_HOOK, ctypes.addressof(self._sink)) if OVERLAP and sig.limbs == 1 else None
+        #: values chunks the hook decoded during the last round (the rest: after it)
+        self.early = 0
+        if self.on_results is not None:
+            self._decode = _LIB.homagg_mid_finish  # type: ignore[union-attr]
+            self._decode_ref = self.on_results[1]
+        else:
+            self._decode_ref = self._ref
 
-    def encode(self, src: int, previous: int) -> int:
+    def encode(self, src: int, previous: int, dst: int) -> int:
         """The float32 elements at ``src`` into the round's arrays, guessed from the int32
-        exponents at ``previous``: :data:`ENCODED`, or :data:`NONFINITE` (nothing written)."""
-        st = self._st
-        st.src, st.previous = src, previous
+        exponents at ``previous``: :data:`ENCODED`, or :data:`NONFINITE` (nothing written).
+        ``dst``: where the round's results hook (:attr:`on_results`) decodes the round's values;
+        the hook is reset for the round."""
+        st, sink = self._st, self._sink
+        st.src, st.previous, st.dst = src, previous, dst
+        sink.state = sink.next = sink.first = sink.union_count = 0
+        sink.sums = None
         return self._encode(self._ref)
 
     def decode(self, combined: list[np.ndarray], dst: int) -> int:
-        """The round's combined arrays into the float32 elements at ``dst``: :data:`DECODED`,
-        :data:`REDO` or :data:`FLOAT64` (see there); :attr:`held` and :attr:`moved` set on all three."""
+        """The round's combined arrays into the float32 elements at ``dst`` (the call's
+        :meth:`encode`'s): :data:`DECODED`, :data:`REDO` or :data:`FLOAT64` (see there);
+        :attr:`held` and :attr:`moved` set on all three.  Where the results hook decoded chunks
+        of these very arrays during the round, only the rest."""
         st = self._st
         outs = self._outs
         if outs is None or any(a is not b for a, b in zip(outs, combined)):  # bound once per array set
@@ -89,7 +119,9 @@ class MidKernel:
             st.agreed, st.mng, st.sums = combined[1].ctypes.data, combined[2].ctypes.data, combined[3].ctypes.data
             self._outs = list(combined)
         st.dst = dst
-        return self._decode(self._ref)
+        sink = self._sink
+        self.early = sink.next - sink.first if sink.state == 1 and sink.sums == st.sums else 0
+        return self._decode(self._decode_ref)
 
     def figures(self) -> tuple[int, int, int]:
         """(nonzero sums, blocks held in both calls, those that left the window) of the last decode."""

@@ -51,14 +51,16 @@ class PathRound(OwnRound):
         self.ins = inner.ins
         self.kept = inner.kept  # the same arrays: the same entries
 
-    def run(self, verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
+    def run(self, verify: Callable[[np.ndarray], None] | None = None,
+            on_results: tuple[int, int] | None = None) -> list[np.ndarray]:
         inner, path = self.inner, self.path
         if path.path == "host":  # the switch failed since this round was handed out: the host path's round
             return path.combine_arrays(self.ops, [w.copy() for w in self.ins], verify)
         # ``last`` keeps copies: the own arrays are overwritten by the port's next round (by the
-        # shape's round after next where they are stable: then ``last`` holds them as they are)
-        return arrays_round(path, lambda port, once: inner.run(once), self.ops, lambda: [w.copy() for w in self.ins],
-                            verify, list if inner.stable else _copies)
+        # shape's round after next where they are stable: then ``last`` holds them as they are);
+        # the results hook serves the switch's round only (a fallback's round is the host path's)
+        return arrays_round(path, lambda port, once: inner.run(once, on_results), self.ops,
+                            lambda: [w.copy() for w in self.ins], verify, list if inner.stable else _copies)
 
 
 class PathRounds:

@@ -236,8 +236,14 @@ class OwnRound(abc.ABC):
     stable: bool = False
 
     @abc.abstractmethod
-    def run(self, verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
-        """One round of :attr:`ins` (see the class docstring)."""
+    def run(self, verify: Callable[[np.ndarray], None] | None = None,
+            on_results: tuple[int, int] | None = None) -> list[np.ndarray]:
+        """One round of :attr:`ins` (see the class docstring).  ``on_results``: the addresses of
+        a C results hook and its context (``hg_results_fn``, ``homagg/transport/_fastpath.h``),
+        called by the port's C round loop after each batch of results, so that the caller can
+        decode completed chunks while later ones are still in flight.  A round the C loop does
+        not run (the Python datapath, the host path after a fallback) never calls it: the caller
+        still finishes from the returned arrays, which are the round's results either way."""
 
 
 class CheckOnce(VerifyOnce):

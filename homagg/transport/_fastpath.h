@@ -20,6 +20,15 @@ typedef struct {
  * [off, off + n) of its stream, big-endian, into dst. */
 typedef void (*hg_fill_fn)(const void *ctx, uint8_t *dst, int64_t off, int64_t n);
 
+/* A round's results hook (homagg/transport/_base.py OwnRound.run's ``on_results``): called by the C
+ * round loop after each batch of results it took (once the window was refilled), with the round's
+ * outputs, its chunk table (stream, off, wc of its ``total`` chunks), the chunks completed so far, and
+ * whether stream 0 was verified (it completed and its check passed: the loop returns to Python
+ * before that otherwise).  It may read the completed chunks' results; it writes none of the
+ * round's arrays.  A round the C loop does not run (the Python datapath) never calls it. */
+typedef void (*hg_results_fn)(void *ctx, int32_t *const *out, const int32_t *stream, const int32_t *off,
+                              const int32_t *wc, const uint8_t *completed, int64_t total, int64_t verified);
+
 /* The round's chunk table: chunk c is words [off[c], off[c] + wc[c]) of stream stream[c], op op[c]. */
 typedef struct {
     const int32_t *stream, *off, *wc, *op;
@@ -27,6 +36,8 @@ typedef struct {
     int32_t *const *out;        /* per stream: where the results go (host order) */
     const hg_fill_fn *fill;     /* per stream: NULL, or the function that writes its payloads (src unused) */
     const void *const *fill_ctx;/* ... and its context */
+    hg_results_fn on_results;   /* NULL, or the round's results hook (above) */
+    void *results_ctx;          /* ... and its context */
 } hg_chunks;
 
 /* Counts of one homagg_fp_recv call besides the matched results. */

@@ -51,7 +51,8 @@ class _Job(ctypes.Structure):
 class _Chunks(ctypes.Structure):
     _fields_ = [("stream", ctypes.c_void_p), ("off", ctypes.c_void_p), ("wc", ctypes.c_void_p),
                 ("op", ctypes.c_void_p), ("src", ctypes.c_void_p), ("out", ctypes.c_void_p),
-                ("fill", ctypes.c_void_p), ("fill_ctx", ctypes.c_void_p)]
+                ("fill", ctypes.c_void_p), ("fill_ctx", ctypes.c_void_p),
+                ("on_results", ctypes.c_void_p), ("results_ctx", ctypes.c_void_p)]
 
 
 class _Counts(ctypes.Structure):
@@ -234,6 +235,12 @@ class NativeDatapath:
             else:
                 self._fill[:] = [f[0] if f else None for f in fills]
                 self._fill_ctx[:] = [f[1] if f else None for f in fills]
+
+    def on_results(self, hook: tuple[int, int] | None) -> None:
+        """Install (or with None remove) the results hook of the rounds the C loop runs: the
+        address of an ``hg_results_fn`` (``_fastpath.h``) and of its context."""
+        ch = self._chunks
+        ch.on_results, ch.results_ctx = hook if hook is not None else (None, None)
 
     def send(self, ids: list[int]) -> int:
         n = len(ids)

@@ -285,6 +285,9 @@ static int64_t run(int fd, int mfd, const hg_job *job, const hg_chunks *ch, hg_r
             }
             if ((rc = fill(fd, job, ch, r, sl, b, now)) < 0)
                 return rc;
+            if (ch->on_results)  /* the window refilled first: the hook's work overlaps the chunks in flight */
+                ch->on_results(ch->results_ctx, ch->out, ch->stream, ch->off, ch->wc, completed, r->total,
+                               r->verify_left == 0);
         } else if (r->backlog) {
             if ((rc = fill(fd, job, ch, r, sl, b, now)) < 0)
                 return rc;

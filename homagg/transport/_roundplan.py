@@ -120,14 +120,23 @@ class RoundPlan:
         finally:
             rnd.srcs, rnd.outs, rnd.fills = self._idle_in, self._idle_out, rnd._no_fills
 
-    def run_small(self, port: Any, verify: Callable[[np.ndarray], None] | None) -> None:
+    def run_small(self, port: Any, verify: Callable[[np.ndarray], None] | None,
+                  on_results: tuple[int, int] | None = None) -> None:
         """One round of ``port`` over the plan's own arrays (a small plan, the native datapath):
-        :meth:`_run_native` with no address to bind (the own arrays stay bound)."""
+        :meth:`_run_native` with no address to bind (the own arrays stay bound); ``on_results``:
+        the C loop's results hook for this round only (:meth:`OwnRound.run`)."""
         assert self.own_in is not None and self.own_out is not None
         if not self._own_bound:
             self.dp.start(bind=True)  # rnd.srcs/outs are the own arrays between rounds
             self._own_bound = True
-        self._run_native(port, self.own_out[0], self.names, verify)
+        if on_results is None:
+            self._run_native(port, self.own_out[0], self.names, verify)
+            return
+        self.dp.on_results(on_results)
+        try:
+            self._run_native(port, self.own_out[0], self.names, verify)
+        finally:
+            self.dp.on_results(None)
 
     def _run_native(self, port: Any, out0: np.ndarray, names: Sequence[str],
                     verify: Callable[[np.ndarray], None] | None) -> None:
@@ -215,8 +224,9 @@ class PlanRound(OwnRound):
         self.kept: dict[Any, Any] = {}
         self.stable = plan.twin
 
-    def run(self, verify: Callable[[np.ndarray], None] | None = None) -> list[np.ndarray]:
+    def run(self, verify: Callable[[np.ndarray], None] | None = None,
+            on_results: tuple[int, int] | None = None) -> list[np.ndarray]:
         port = self.port
         port.stats["rounds"] += 1
-        self.plan.run_small(port, verify)
+        self.plan.run_small(port, verify, on_results)
         return self._outs

@@ -288,7 +288,7 @@ def test_gso_is_on_by_default_towards_a_loopback_switch(monkeypatch: pytest.Monk
     the emulator's socket), so a port sends GSO messages there unless ``HOMAGG_UDP_GSO`` says no;
     a port's round over loopback then leaves as fewer, merged messages with the same datagrams:
     counted where they arrive, at a switch socket that receives each message whole."""
-    from homagg.transport._fastpath import gso_default
+    from homagg.transport._sockets import gso_default
 
     a, b = _pair()
     try:

@@ -44,7 +44,7 @@ from typing import Any
 from .. import _options as opt
 from .._errors import HomAggError
 from ._allreduce import _floats, _machine, _measure, _sweep, add_sweep_arguments, markdown_table
-from ..transport._fastpath import gso_env
+from ..transport._sockets import gso_env
 from ..wire import words_for_mtu
 from ._load import BackgroundLoad, describe_load
 from ._net_racks import add_racks_arguments, run_racks

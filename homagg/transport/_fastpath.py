@@ -7,7 +7,7 @@ built into ``homagg.transport._fastpath_kernels`` by ``pip install`` where a C c
 Kernel batching (``homagg/_udpseg.h``), per port (:class:`Scratch`): the port's sockets take
 UDP_GRO (a coalesced buffer of results is split in C), and with GSO on, runs of equal-length
 chunks leave as one GSO message each.  GSO is on by default where the switch is reached over
-loopback or a physical NIC (:func:`gso_default`): on a veth or bridge the merged packet would reach a software
+loopback or a physical NIC (:func:`._sockets.gso_default`): on a veth or bridge the merged packet would reach a software
 switch that reads the link with AF_PACKET (BMv2 through libpcap, the emulator's raw backend) as
 one 64 KB frame.  ``HOMAGG_UDP_GSO=1`` (or ``0``) overrides that, e.g. for the UDP emulator behind
 veths (``homagg bench net``).
@@ -18,13 +18,11 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
-import ipaddress
 import os
 import socket
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
-from pathlib import Path
 
 import numpy as np
 
@@ -32,9 +30,9 @@ from .._cext import load_library
 from ..wire import VERSION
 from ._datapath import Round
 from ._errmap import transport_error
-from ._sockets import PROBE_PREFIX, interface_of, set_udp_gro
+from ._sockets import PROBE_PREFIX, gso_default, set_udp_gro
 
-__all__ = ["AVAILABLE", "NativeDatapath", "NativeRound", "Scratch", "gso_default", "gso_env"]
+__all__ = ["AVAILABLE", "NativeDatapath", "NativeRound", "Scratch"]
 
 _BATCH = 64
 _STRIDE = 65536 + 64
@@ -134,32 +132,6 @@ def _load(lib: ctypes.CDLL | None = None) -> ctypes.CDLL | None:
 
 _LIB = _load()
 AVAILABLE = _LIB is not None
-
-
-def gso_env() -> bool | None:
-    """``HOMAGG_UDP_GSO`` as a bool (``0``, ``off``, ``no``, ``false`` or empty: False), None when unset."""
-    env = os.environ.get("HOMAGG_UDP_GSO")
-    return None if env is None else env.strip().lower() not in ("0", "", "false", "no", "off")
-
-
-def gso_default(sock: socket.socket) -> bool:
-    """Whether a port whose connected socket is ``sock`` sends GSO messages by default:
-    ``HOMAGG_UDP_GSO`` when set, else True where the socket's local address is a loopback one (only
-    sockets receive there: the kernel cuts a GSO message back into its datagrams for the
-    emulator's socket, or hands it over whole to a UDP_GRO socket) or the interface holding it is a
-    physical device (``/sys/class/net/<name>/device`` exists); False on veths and bridges, where
-    a switch reading AF_PACKET (BMv2 in Mininet) would see one merged frame."""
-    env = gso_env()
-    if env is not None:
-        return env
-    local = sock.getsockname()[0]
-    try:
-        if ipaddress.ip_address(local).is_loopback:
-            return True
-    except ValueError:
-        return False
-    name = interface_of(local)
-    return name is not None and (Path("/sys/class/net") / name / "device").exists()
 
 
 class Scratch:

@@ -31,6 +31,7 @@ import select
 import socket
 import struct
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ from .._errors import ConfigError
 from ._errmap import transport_error
 
 __all__ = ["BUFFER_BYTES", "PROBE_PREFIX", "UDP_GRO", "set_buffers", "set_udp_gro", "link_mtu", "interface_of", "send_datagram", "multicast_group", "enable_multicast_send", "join_group",
-           "join_results_group"]
+           "join_results_group", "gso_env", "gso_default"]
 
 BUFFER_BYTES = 32 << 20
 UDP_GRO = 104  #: <linux/udp.h>: the socket accepts coalesced datagrams (homagg/_udpseg.h)
@@ -213,3 +214,29 @@ def send_datagram(sock: socket.socket, send: Any, dgram: memoryview, stats: dict
         stats["refused"] = stats.get("refused", 0) + 1
     except OSError as exc:
         raise transport_error(exc, what()) from exc
+
+
+def gso_env() -> bool | None:
+    """``HOMAGG_UDP_GSO`` as a bool (``0``, ``off``, ``no``, ``false`` or empty: False), None when unset."""
+    env = os.environ.get("HOMAGG_UDP_GSO")
+    return None if env is None else env.strip().lower() not in ("0", "", "false", "no", "off")
+
+
+def gso_default(sock: socket.socket) -> bool:
+    """Whether a port whose connected socket is ``sock`` sends GSO messages by default:
+    ``HOMAGG_UDP_GSO`` when set, else True where the socket's local address is a loopback one (only
+    sockets receive there: the kernel cuts a GSO message back into its datagrams for the
+    emulator's socket, or hands it over whole to a UDP_GRO socket) or the interface holding it is a
+    physical device (``/sys/class/net/<name>/device`` exists); False on veths and bridges, where
+    a switch reading AF_PACKET (BMv2 in Mininet) would see one merged frame."""
+    env = gso_env()
+    if env is not None:
+        return env
+    local = sock.getsockname()[0]
+    try:
+        if ipaddress.ip_address(local).is_loopback:
+            return True
+    except ValueError:
+        return False
+    name = interface_of(local)
+    return name is not None and (Path("/sys/class/net") / name / "device").exists()

@@ -118,7 +118,7 @@ class UdpSwitchPort(SwitchPort):
     ``window``: chunks in flight at the start (the congestion window then adapts, up to ``n_slots``).
     ``native``: build, send, receive and match datagrams in C with batched syscalls
     (:mod:`._fastpath`; default: where it was built) or in Python (:mod:`._datapath`, the reference).
-    ``gso``: native sends as UDP GSO messages (default :func:`._fastpath.gso_default`: loopback and physical NICs).
+    ``gso``: native sends as UDP GSO messages (default :func:`._sockets.gso_default`: loopback and physical NICs).
     ``total_world_size``: the ranks of the whole job when ``switch`` is a leaf of a tree (docs/trees.md;
     ``rank`` is then this worker's id at the leaf): :attr:`world_size`, which sets the codec's
     headroom, is the whole job's (default: the job's ``world_size`` at this switch).

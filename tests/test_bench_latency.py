@@ -94,6 +94,24 @@ def test_barrier_pace(tmp_path: Path) -> None:
             assert rec["rounds_per_call"] == (1.0 if rec["op"] == "allreduce" else 0.0), rec
 
 
+def test_max_and_min(tmp_path: Path) -> None:
+    """``--op sum,max,min``: a record per reduction and size, each exact (MAX/MIN: the elementwise
+    extremum of the ranks' inputs, exactly), ``x_gloo`` against gloo's record of the same reduction;
+    homagg's MAX and MIN are one switch round, the first call included (no history)."""
+    assert main(["bench", "latency", "--world", "2", "--numel", "1,5", "--calls", "4", "--warmup", "1",
+                 "--op", "sum,max,min", "--no-limit", "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "records.json").read_text())["records"]
+    assert sorted((r["backend"], r["op"], r["numel"]) for r in records) == sorted(
+        (b, op, n) for b in ("gloo", "homagg") for op in ("allreduce", "max", "min") for n in (1, 5))
+    for rec in records:
+        assert rec["exact"] and rec["max_abs_err"] == 0.0 or rec["op"] == "allreduce", rec
+        if rec["backend"] == "homagg" and rec["op"] != "allreduce":
+            assert (rec["first_call_rounds"], rec["rounds_per_call"]) == (1, 1.0), rec
+            assert rec["x_gloo"] is not None
+    table = (tmp_path / "table.md").read_text()
+    assert "| 5 (max) | 20 | 2 | homagg/auto |" in table and "| 1 (min) | 4 | 2 | gloo |" in table
+
+
 def test_percentiles_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]  # 1..100
     got = percentiles(list(reversed(values)))
@@ -120,6 +138,7 @@ def _homagg(*argv: str) -> subprocess.CompletedProcess[str]:
     ("--scheme", "zip", "--scheme zip: choose from"),
     ("--input", "old", "--input old: choose from fresh, same"),
     ("--pace", "fast", "--pace fast: choose from loop, barrier"),
+    ("--op", "sum,prod", "--op prod: choose from sum, max, min"),
 ])
 def test_bad_option_is_a_config_error_and_starts_nothing(option: str, value: str, says: str,
                                                          tmp_path: Path) -> None:

@@ -7,7 +7,9 @@ gloo first), exactly ``world`` rank processes are started on 127.0.0.1 with the 
 killed with whatever it started when the launch ends, fails or stalls; every rank asks the kernel
 to kill it when the launcher dies, so no rank outlives this command).  Each rank runs
 :mod:`homagg.bench._latency_rank` over every size of ``--numel`` (fp32 elements; default
-1, 256, 16K and 256K: 4 bytes to 1 MB): ``--warmup`` calls, then ``--calls`` timed calls; with
+1, 256, 16K and 256K: 4 bytes to 1 MB) and reduction (``--op``: ``sum``, the default, a record
+of ``op`` ``allreduce``; ``max`` and ``min``, records of that ``op``): ``--warmup`` calls, then
+``--calls`` timed calls; with
 ``--barrier`` also ``dist.barrier()`` itself (a record of ``op`` ``barrier``, 0 elements; homagg's
 runs on its gloo side: its rounds per call, switch rounds, are 0).
 
@@ -57,6 +59,8 @@ DEFAULTS: dict[str, Any] = {"world": [2, 4, 8], "numel": [1, 256, 16_384, 262_14
 #: the largest size this benchmark takes (64 M elements: 256 MB per tensor; ``bench allreduce`` goes further)
 MAX_NUMEL = 1 << 26
 INPUTS = ("fresh", "same")
+#: the reductions timed (``--op``): SUM (the codec), MAX and MIN (homagg: the switch's MAX)
+OPS = ("sum", "max", "min")
 PACES = ("loop", "barrier")
 #: every record's fields and their JSON types (None: the field may be null)
 RECORD_FIELDS: dict[str, tuple[type, ...]] = {
@@ -86,6 +90,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="untimed calls per size before them (default 30; the first is a first call)")
     parser.add_argument("--backends", type=_names, default=list(BACKENDS), help="gloo,homagg (default both)")
     parser.add_argument("--scheme", default="auto", help="homagg's scheme (default auto)")
+    parser.add_argument("--op", type=_names, default=["sum"],
+                        help="reductions timed at every size, a comma list of sum,max,min (default sum)")
     parser.add_argument("--input", default="fresh",
                         help="fresh: a new tensor every call (default); same: one tensor, its values restored")
     parser.add_argument("--pace", default="loop", help="loop: calls back to back (default); barrier: a "
@@ -105,7 +111,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def check_options(args: argparse.Namespace) -> None:
     """:class:`~homagg.ConfigError` naming the first option out of range; nothing is started."""
-    for key in ("world", "numel", "backends"):
+    for key in ("world", "numel", "backends", "op"):
         if not getattr(args, key):
             raise ConfigError(f"--{key}: need at least one value")
     for world in args.world:
@@ -120,7 +126,8 @@ def check_options(args: argparse.Namespace) -> None:
     opt.count("--warmup", args.warmup, 0)
     opt.seconds("--timeout", args.timeout)
     for name, value, allowed in (("--backends", args.backends, BACKENDS), ("--scheme", [args.scheme], SCHEMES),
-                                 ("--input", [args.input], INPUTS), ("--pace", [args.pace], PACES)):
+                                 ("--input", [args.input], INPUTS), ("--pace", [args.pace], PACES),
+                                 ("--op", args.op, OPS)):
         bad = [v for v in value if v not in allowed]
         if bad:
             raise ConfigError(f"{name} {','.join(bad)}: choose from {', '.join(allowed)}")
@@ -160,21 +167,21 @@ def _measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             cmd = [sys.executable, "-m", "homagg", "bench", "latency", "--_worker", "--_backend", backend,
                    "--numel", ",".join(map(str, args.numel)), "--calls", str(args.calls), "--warmup", str(args.warmup),
                    "--scheme", args.scheme, "--input", args.input, "--pace", args.pace, "--seed", str(args.seed),
-                   "--timeout", repr(args.timeout)] + (["--barrier"] if args.barrier else [])
+                   "--timeout", repr(args.timeout), "--op", ",".join(args.op)] + (["--barrier"] if args.barrier else [])
             label = f"bench latency ({backend}, world {world})"
             print(f"{label}: {len(args.numel)} size(s) x {args.warmup} + {args.calls} calls", flush=True)
             outs = launch_ranks(cmd, world, label=label, stall_timeout=args.timeout)
             reports = [[json.loads(ln.partition(RECORD_MARK)[2]) for ln in lines if RECORD_MARK in ln]
                        for lines in outs]
-            want = len(args.numel) + bool(args.barrier)
+            want = len(args.numel) * len(args.op) + bool(args.barrier)
             short = [r for r, rep in enumerate(reports) if len(rep) != want]
             if short:
                 raise HomAggError(f"{label}: rank {short[0]} reported {len(reports[short[0]])} of "
                                   f"{want} sizes; its stdout: {outs[short[0]][-20:]}")
             records += [_merge(backend, scheme, world, lines, args) for lines in zip(*reports)]
-    gloo = {(r["numel"], r["world"]): r["p50_s"] for r in records if r["backend"] == "gloo"}
+    gloo = {(r["op"], r["numel"], r["world"]): r["p50_s"] for r in records if r["backend"] == "gloo"}
     for r in records:
-        base = gloo.get((r["numel"], r["world"]))
+        base = gloo.get((r["op"], r["numel"], r["world"]))
         if r["backend"] != "gloo" and base is not None and r["p50_s"] > 0:
             r["x_gloo"] = base / r["p50_s"]
     return records
@@ -186,7 +193,7 @@ def _us(seconds: float | None) -> str:
 
 def markdown_table(records: Sequence[dict[str, Any]]) -> str:
     """One row per record, by size, world, then gloo before homagg."""
-    rows = sorted(records, key=lambda r: (r["numel"], r["world"], BACKENDS.index(r["backend"])))
+    rows = sorted(records, key=lambda r: (r["op"], r["numel"], r["world"], BACKENDS.index(r["backend"])))
     out = ["| numel | bytes | world | backend | p50 us | p90 us | p99 us | x gloo (p50) | CPU us/call/rank (the "
            "largest median; that rank's mean user+sys) | emulator CPU us/call | rounds: first call, per call | exact |",
            "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
@@ -196,7 +203,7 @@ def markdown_table(records: Sequence[dict[str, Any]]) -> str:
                f"{_us(r['cpu_sys_s_per_call_per_rank'][worst])})")
         rounds = "-" if r["first_call_rounds"] is None else f"{r['first_call_rounds']}, {r['rounds_per_call']:.2f}"
         name = r["backend"] if r["scheme"] is None else f"homagg/{r['scheme']}"
-        size = "barrier" if r["op"] == "barrier" else f"{r['numel']:,}"
+        size = r["op"] if r["op"] == "barrier" else f"{r['numel']:,}" + ("" if r["op"] == "allreduce" else f" ({r['op']})")
         out.append(f"| {size} | {r['bytes']:,} | {r['world']} | {name} | {_us(r['p50_s'])} | "
                    f"{_us(r['p90_s'])} | {_us(r['p99_s'])} | "
                    f"{'-' if r['x_gloo'] is None else format(r['x_gloo'], '.2f')} | {cpu} | "
@@ -218,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
     machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                "cpus": os.cpu_count(), "python": platform.python_version()}
     report = {"benchmark": "latency", "options": {k: getattr(args, k) for k in (
-        "world", "numel", "calls", "warmup", "backends", "scheme", "input", "pace", "barrier", "seed")},
+        "world", "numel", "calls", "warmup", "backends", "scheme", "op", "input", "pace", "barrier", "seed")},
         "machine": machine, "limit": limit, "wall_s": round(time.monotonic() - started, 1), "records": records}
     floor = ("floor not measured" if limit is None else
              f"floor: one datagram through the emulator and back p50 {_us(limit['bare_s']['p50'])} us "

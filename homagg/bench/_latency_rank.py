@@ -2,8 +2,9 @@
 
 A rank joins the default group of one backend (``gloo``, or ``homagg`` with one scheme through
 ``pg_options``) and, for every size it is given, makes ``warmup`` calls and then ``calls`` timed
-calls of ``dist.all_reduce`` on a dense fp32 tensor (:func:`~homagg.bench._allreduce_rank.make_tensor`,
-density 1), and prints one JSON line per size.
+calls of ``dist.all_reduce`` (SUM, or ``--op``'s MAX/MIN) on a dense fp32 tensor
+(:func:`~homagg.bench._allreduce_rank.make_tensor`, density 1), and prints one JSON line per size
+and reduction.
 
 Input (``--input``): ``fresh`` -- every call gets a new tensor (a clone of the rank's input, made
 before the clock starts); ``same`` -- one tensor for every call, its input values copied back into
@@ -22,7 +23,8 @@ size's first call (no history yet) and per timed call.
 
 Checks (outside the timed region): every rank digests every result (the launcher compares them:
 every rank got rank 0's result, bit for bit, on every call) and rank 0 checks each distinct result
-against the float64 sum within the documented bound (``W * 2**-22 * M`` per element).
+against the float64 sum within the documented bound (``W * 2**-22 * M`` per element), a MAX or
+MIN result against the elementwise extremum of every rank's input, exactly.
 """
 
 from __future__ import annotations
@@ -51,16 +53,22 @@ def _rounds(pg: Any) -> int | None:
 
 
 def one_size(pg: Any, numel: int, calls: int, warmup: int, fresh: bool, pace: Any, seed: int,
-             block: int) -> dict[str, Any]:
-    """Time ``warmup + calls`` all_reduces of ``numel`` fp32 elements (``pace``: None, or the
-    untimed barrier before each); the rank's report."""
+             block: int, op: str = "sum") -> dict[str, Any]:
+    """Time ``warmup + calls`` all_reduces (``op``: sum, max or min) of ``numel`` fp32 elements
+    (``pace``: None, or the untimed barrier before each); the rank's report."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     load = os.getloadavg()
     x = make_tensor(numel, 1.0, rank, seed)
     same = x.clone()
-    exact, bound = oracle(numel, 1.0, world, seed, block) if rank == 0 else (None, None)
+    reduce_op = getattr(dist.ReduceOp, op.upper())
+    if op == "sum":
+        exact, bound = oracle(numel, 1.0, world, seed, block) if rank == 0 else (None, None)
+    else:  # MAX/MIN: one rank's value, exactly (the bound 0)
+        stack = torch.stack([make_tensor(numel, 1.0, r, seed) for r in range(world)]) if rank == 0 else None
+        exact = None if stack is None else (stack.amax(0) if op == "max" else stack.amin(0)).double()
+        bound = None if exact is None else torch.zeros(-(-numel // block), dtype=torch.float64)
     times: list[float] = []
     cpu_user: list[float] = []
     cpu_sys: list[float] = []
@@ -84,7 +92,7 @@ def one_size(pg: Any, numel: int, calls: int, warmup: int, fresh: bool, pace: An
             pace()
         use0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
-        dist.all_reduce(buf)
+        dist.all_reduce(buf, op=reduce_op)
         elapsed = time.perf_counter() - t0
         use1 = resource.getrusage(resource.RUSAGE_SELF)
         if call == 0 and rounds0 is not None:
@@ -104,7 +112,7 @@ def one_size(pg: Any, numel: int, calls: int, warmup: int, fresh: bool, pace: An
     timed_rounds = _rounds(pg)
     switch1 = process_cpu(switch) if switch is not None else None
     out: dict[str, Any] = {
-        "numel": numel, "op": "allreduce", "times": times, "cpu_user": cpu_user, "cpu_sys": cpu_sys,
+        "numel": numel, "op": "allreduce" if op == "sum" else op, "times": times, "cpu_user": cpu_user, "cpu_sys": cpu_sys,
         "digests": digests,
         "load_avg": list(load), "first_call_rounds": first_rounds,
         "rounds_per_call": (None if timed_rounds is None or timed_rounds0 is None
@@ -174,9 +182,10 @@ def rank_main(args: argparse.Namespace) -> int:
         block = homagg.CodecConfig().block_size
         if args.barrier:
             print(f"\n{RECORD_MARK}{json.dumps(one_barrier(pg, args.calls, args.warmup))}", flush=True)
-        for numel in args.numel:
-            line = one_size(pg, numel, args.calls, args.warmup, args.input == "fresh", pace, args.seed, block)
-            print(f"\n{RECORD_MARK}{json.dumps(line)}", flush=True)
+        for op in args.op:
+            for numel in args.numel:
+                line = one_size(pg, numel, args.calls, args.warmup, args.input == "fresh", pace, args.seed, block, op)
+                print(f"\n{RECORD_MARK}{json.dumps(line)}", flush=True)
     finally:
         dist.destroy_process_group()
     return 0

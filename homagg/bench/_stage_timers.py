@@ -50,7 +50,8 @@ STAGES: dict[str, tuple[str, ...]] = {
         "homagg.codec._protocol:allreduce", "homagg.codec._protocol:_allreduce", "homagg.torch._fallback:PathPort.combine",
         "homagg.torch._fallback:PathPort.own_round", "homagg.torch._path_round:PathRound.run",
         "homagg.torch._fallback:PathPort.at_call_boundary", "homagg.torch._fallback:PathPort.end_call",
-        "homagg.torch._process_group:ProcessGroupHomagg._codec_allreduce", "homagg.torch._work:FifoWorker._run"),
+        "homagg.torch._switch_calls:SwitchCalls._codec_allreduce", "homagg.torch._switch_calls:SwitchCalls._on_port",
+        "homagg.torch._work:FifoWorker._run"),
     "completion: Work._complete (futures, events); inline: CompletedWork": (
         "homagg.torch._work:HomaggWork._complete", "homagg.torch._work:CompletedWork.__init__",
         "homagg.torch._work:CompletedWork.wait"),

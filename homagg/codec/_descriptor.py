@@ -34,7 +34,7 @@ from .._errors import ProtocolError, RankMismatchError
 from ..transport import AgreementCheck, Stream
 from ..wire import CombineOp
 
-__all__ = ["NAME", "FIELDS", "LENGTH", "SPARE", "AGREEMENT", "describe", "words", "check"]
+__all__ = ["NAME", "FIELDS", "LENGTH", "SPARE", "AGREEMENT", "REDUCTIONS", "describe", "words", "check"]
 
 NAME = "descriptor"
 #: descriptor fields, in stream order (each a non-negative int31; 62-bit values take two fields)
@@ -46,7 +46,10 @@ SPARE = 2
 LENGTH = 2 * len(FIELDS) + SPARE
 _EMPTY = -(2**31)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64,
-           torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
+           torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8, torch.bool)
+#: the scheme field of a MAX or MIN call (:mod:`._extremum`): codes after the SUM schemes'
+REDUCTIONS = ("max", "min")
+_REDUCTION_BASE = 64
 _LOW = (1 << 31) - 1
 
 
@@ -85,8 +88,14 @@ def words(numel: int, dtype: torch.dtype, scheme: str, world_size: int, round_wo
     """The ``2 * len(FIELDS)`` descriptor words (each field ``f``, then each ``~f``) of a call
     whose first round carries ``round_words`` other words (cached: a call signature repeats)."""
     values = (_VERSION, numel & _LOW, numel >> 31, _dtype_code(dtype, float_words),
-              SCHEMES.index(scheme) + 1 if scheme in SCHEMES else 0, world_size, round_words & _LOW, round_words >> 31)
+              _scheme_code(scheme), world_size, round_words & _LOW, round_words >> 31)
     return values + tuple(~v for v in values)
+
+
+def _scheme_code(scheme: str) -> int:
+    if scheme in SCHEMES:
+        return SCHEMES.index(scheme) + 1
+    return _REDUCTION_BASE + REDUCTIONS.index(scheme) if scheme in REDUCTIONS else 0
 
 
 def _name(key: str, value: int) -> str:
@@ -95,6 +104,8 @@ def _name(key: str, value: int) -> str:
         name = str(_DTYPES[code - 1]) if 0 < code <= len(_DTYPES) and wide < 2 else f"dtype #{value}"
         return name + " in two words" if wide == 1 else name
     if key == "scheme":
+        if 0 <= value - _REDUCTION_BASE < len(REDUCTIONS):
+            return f"{REDUCTIONS[value - _REDUCTION_BASE]} (a MAX/MIN all_reduce)"
         return SCHEMES[value - 1] if 0 < value <= len(SCHEMES) else f"scheme #{value}"
     return f"{value:,}"
 

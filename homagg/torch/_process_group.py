@@ -3,9 +3,10 @@
 A thin adapter.  Float SUM/AVG and int32/int64 SUM allreduces of dense and sparse COO tensors go
 through the homagg codec (:func:`homagg.allreduce`) and the group's switch port (a sparse result
 is a coalesced COO tensor copied into the input, as gloo does: DDP's ``sparse=True`` embedding
-gradients take this path); broadcast, allgather, ``all_gather_single``
-(``all_gather_into_tensor``), barrier and every allreduce the codec does not take
-(MAX/MIN/PRODUCT/BAND..., other dtypes and layouts) run on a private gloo group.  All of
+gradients take this path); a small synchronous MAX/MIN through the switch's MAX
+(:mod:`homagg.codec._extremum`; these tasks: :mod:`._switch_calls`); broadcast, allgather,
+``all_gather_single`` (``all_gather_into_tensor``), barrier and every other allreduce
+(PRODUCT/BAND..., other dtypes, sizes and layouts) run on a private gloo group.  All of
 these run on the group's :class:`~homagg.torch._work.FifoWorker`, in call order on every rank;
 a small synchronous codec allreduce issued outside backward runs in the caller's thread instead
 when the worker is idle, holding the worker's order (:mod:`._routing`: the hand-off and wake-up
@@ -56,15 +57,16 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 from torch.distributed.distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
-from .._errors import HomAggError, InputError, TransportError
+from .._errors import InputError, TransportError
 from ..transport import transport_error
 from ._backward_guard import BackwardGuard
 from ._config import BackendConfig
 from ._creation import READY_KEY, arrive, creation_error, gloo_group
 from ._fallback import PathPort
 from ._ops import DELEGATED_OPS, as_options, delegated, reduce_op
-from ._routing import (CODEC_FLOAT_DTYPES, CODEC_INT_DTYPES, SmallCalls, codec_takes, runs_inline, small_call,
-                       sync_outside_backward)
+from ._routing import (CODEC_FLOAT_DTYPES, CODEC_INT_DTYPES, SmallCalls, codec_takes, extremum_call, runs_inline,
+                       small_call, sync_outside_backward)
+from ._switch_calls import SwitchCalls
 from ._switch_setup import SwitchLink, await_ranks, open_switch, probe_switch, reopen_switch
 from ._work import CompletedWork, FifoWorker, HomaggWork, TaskResult
 
@@ -73,7 +75,7 @@ __all__ = ["ProcessGroupHomagg", "CODEC_FLOAT_DTYPES", "CODEC_INT_DTYPES"]
 _LIVE: weakref.WeakSet[ProcessGroupHomagg] = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
 _GLOO = ProcessGroup.BackendType.GLOO
-class ProcessGroupHomagg(ProcessGroup):
+class ProcessGroupHomagg(SwitchCalls, ProcessGroup):
     """The ``homagg`` backend; created by ``init_process_group("homagg")`` / ``new_group``."""
 
     def __init__(
@@ -87,8 +89,10 @@ class ProcessGroupHomagg(ProcessGroup):
     ) -> None:
         super().__init__(rank, size)
         from .. import codec  # imported here, not at module import (entry-point safety)
+        from ..codec import _extremum
 
         self._allreduce_fn = codec.allreduce
+        self._extremum_fn, self._extremum_takes = _extremum.allreduce, _extremum.takes
         self._codec = codec.CodecConfig.from_options(dict(config.codec))
         self._small = SmallCalls(config.scheme, self._codec, size)  # small calls' straight route
         #: what this rank's codec allreduces sent: bytes per stream, rounds, redos (accumulates)
@@ -203,37 +207,11 @@ class ProcessGroupHomagg(ProcessGroup):
         if op == dist.ReduceOp.AVG:
             dtypes = sorted({str(t.dtype) for t in tensors})
             raise InputError(f"homagg: ReduceOp.AVG needs dense floating-point tensors, got {dtypes}")
+        reduction = extremum_call(tensors, opts, self._extremum_takes)
+        if reduction is not None:
+            return self._submit_small("allreduce", lambda: self._extremum_allreduce(tensors, reduction, opts))
         gloo_opts = as_options(opts)
         return self._on_gloo("allreduce", lambda g: g.allreduce(tensors, gloo_opts), tensors, opts)
-
-    def _codec_allreduce(self, tensors: list[torch.Tensor], avg: bool, compress: bool = False,
-                         small: bool = False) -> TaskResult:
-        """The codec's SUM of each tensor, divided by the world size where ``avg`` (``small``: one
-        that :class:`._routing.SmallCalls` takes, on the small-call path without
-        ``homagg.allreduce``'s dispatch)."""
-        path = self._path
-        port = path if path is not None else self.switch.port
-        if path is not None:
-            path.at_call_boundary()
-        try:
-            for t in tensors:
-                if small:
-                    self._small.allreduce(t, port, self.stats, self.history)
-                elif compress and self.compressor is not None and self.compressor.takes(t):
-                    self.compressor.allreduce(t, port, scheme=self.config.scheme, config=self._codec,
-                                              stats=self.stats, history=self.history)
-                else:
-                    self._allreduce_fn(t, port, scheme=self.config.scheme, config=self._codec, inplace=True,
-                                       stats=self.stats, history=self.history)
-                if avg:
-                    t.div_(self.size())
-        except HomAggError as exc:
-            if path is not None and not isinstance(exc, TransportError):
-                path.abort(exc)  # ranks waiting for this one's words must not fall back (see _fallback)
-            raise
-        if path is not None:
-            path.end_call()
-        return tensors
 
     # ------------------------------------------------------------------ delegated on the worker
     def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> HomaggWork | CompletedWork:
@@ -323,6 +301,13 @@ class ProcessGroupHomagg(ProcessGroup):
         the path port's agreement after switch rounds ran with every rank in it, that collective was
         the operation (:meth:`~homagg.torch._fallback.PathPort.before_gloo_op`): ``call`` is skipped."""
 
+        task = self._gloo_task(op, call, result, header_suffices)
+        return self._submit_small(op, task) if sync_outside_backward(opts) else self._submit(op, task)
+
+    def _gloo_task(self, op: str, call: Any, result: list[torch.Tensor],
+                   header_suffices: bool = False) -> Any:
+        """The task of :meth:`_on_gloo` (see there), to run on the worker or inline."""
+
         def task() -> TaskResult:
             gloo = self._private
             if gloo is None:
@@ -342,7 +327,7 @@ class ProcessGroupHomagg(ProcessGroup):
                 return list(work.result())  # sparse allreduce: gloo hands back new tensors
             return result
 
-        return self._submit_small(op, task) if sync_outside_backward(opts) else self._submit(op, task)
+        return task
 
     def shutdown(self) -> None:
         """Stop the worker, close the switch link (and an owned emulator), release gloo groups."""

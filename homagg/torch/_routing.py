@@ -11,6 +11,9 @@ the group's worker.
   in ``wait()`` anyway and nothing it does can overlap the call.  Outside backward: DDP's buckets
   (and everything else issued while autograd runs) keep the worker, so they overlap the rest of
   backward.
+* :func:`extremum_call`: a small synchronous MAX or MIN allreduce of one dense tensor goes through
+  the switch's MAX (:mod:`homagg.codec._extremum`: one round, two for 64-bit values) in the
+  caller's thread, and on to gloo where a NaN or a negative zero makes gloo's operand order matter.
 * :func:`small_call` and :class:`SmallCalls`: the commonest small call (one dense tensor, SUM or
   AVG, synchronous) goes from the group's ``allreduce`` straight to the codec's small-call path,
   with both tests above answered at once (``tests/test_small_call_routing.py``) and the codec's own
@@ -23,13 +26,14 @@ while it runs (see :class:`~homagg.torch._work.FifoWorker`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["CODEC_FLOAT_DTYPES", "CODEC_INT_DTYPES", "INLINE_MAX_BYTES", "SmallCalls", "codec_takes", "runs_inline",
-           "small_call", "sync_outside_backward"]
+__all__ = ["CODEC_FLOAT_DTYPES", "CODEC_INT_DTYPES", "INLINE_MAX_BYTES", "SmallCalls", "codec_takes",
+           "extremum_call", "runs_inline", "small_call", "sync_outside_backward"]
 
 CODEC_FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
 CODEC_INT_DTYPES = frozenset({torch.int32, torch.int64})
@@ -40,6 +44,7 @@ CODEC_INT_DTYPES = frozenset({torch.int32, torch.int64})
 #: its few rounds; larger calls gain nothing measurable from skipping them
 INLINE_MAX_BYTES = 1 << 20
 _SUM, _AVG = dist.ReduceOp.SUM.value, dist.ReduceOp.AVG.value
+_MAX, _MIN = dist.ReduceOp.MAX.value, dist.ReduceOp.MIN.value
 _LAYOUTS = (torch.strided, torch.sparse_coo)
 
 
@@ -117,6 +122,18 @@ class SmallCalls:
         """``homagg.allreduce(t, port, inplace=True, ...)`` for a ``t`` it :meth:`takes`."""
         stats.calls += 1
         self._module.allreduce(t, port, self.scheme, self.config, stats, True, history, None)
+
+
+def extremum_call(tensors: list[torch.Tensor], opts: Any, takes: Callable[[torch.Tensor], bool]) -> str | None:
+    """``"max"`` or ``"min"`` where a synchronous allreduce outside backward of one tensor with
+    ReduceOp.MAX or MIN goes through the switch's MAX (:mod:`homagg.codec._extremum`: ``takes``,
+    its test of the tensor), else None (gloo runs it)."""
+    if len(tensors) != 1 or not isinstance(opts, dist.AllreduceOptions) or opts.asyncOp:
+        return None
+    code = opts.reduceOp.op.value
+    if code != _MAX and code != _MIN or torch._C._current_graph_task_id() != -1:
+        return None
+    return ("max" if code == _MAX else "min") if takes(tensors[0]) else None
 
 
 def sync_outside_backward(opts: Any) -> bool:

@@ -22,12 +22,20 @@ from _launch import launch  # noqa: E402
 _cache: dict[int, list[dict[str, Any]]] = {}
 
 
-def outcome(world: int) -> list[dict[str, Any]]:
+def outcome(world: int, check: str = "extremum") -> list[dict[str, Any]]:
     if world not in _cache:
-        _cache[world] = [r["extremum"] for r in launch("extremum.py", world, timeout=300)[0]]
-        for rank, value in enumerate(_cache[world]):
-            assert not (isinstance(value, str) and value.startswith("FAILED")), f"rank {rank}: {value}"
-    return _cache[world]
+        _cache[world] = launch("extremum.py", world, timeout=300)[0]
+    values = [r[check] for r in _cache[world]]
+    for rank, value in enumerate(values):
+        assert not (isinstance(value, str) and value.startswith("FAILED")), f"rank {rank}: {value}"
+    return values
+
+
+def test_on_the_host_path_gloo_maxes_the_same_keys() -> None:
+    """``switch="gloo"`` (the path a fallback takes): the rounds combined by gloo, gloo's results."""
+    for rank, res in enumerate(outcome(2, "host path")):
+        assert res.pop("rounds") > 0
+        assert all(res.values()), (rank, res)
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -78,5 +78,21 @@ def check() -> dict:
     return out
 
 
-write_result(run_checks([("extremum", check)]))
+def check_host_path() -> dict:
+    """A group whose rounds gloo combines (``switch="gloo"``, the host path a fallback takes): the
+    same keys MAXed by gloo, the same results."""
+    group = dist.new_group(backend="homagg", pg_options={"switch": "gloo"})
+    out = {}
+    for dtype, case in (("float32", "plain"), ("float32", "nan"), ("int64", "apart"), ("int8", "plain")):
+        for name, op in (("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN)):
+            x = make(dtype, 6, case, 7)
+            a, b = x.clone(), x.clone()
+            dist.all_reduce(a, op=op, group=group)
+            dist.all_reduce(b, op=op, group=GLOO)
+            out[f"{dtype} {case} {name}"] = same(a, b)
+    out["rounds"] = group.stats.rounds
+    return out
+
+
+write_result(run_checks([("extremum", check), ("host path", check_host_path)]))
 dist.destroy_process_group()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import switch_emulator
-from homagg import RankMismatchError
+from homagg import InputError, RankMismatchError
 from homagg.codec import WorkerStats, _extremum
 from homagg.testing import on_threads
 from homagg.transport import ControlClient, InProcessSwitch
@@ -138,6 +138,8 @@ def test_takes() -> None:
     assert not _extremum.takes(torch.ones(4).to_sparse())
     with pytest.raises(ValueError, match="reduction"):
         _extremum.allreduce(torch.ones(1), InProcessSwitch(1).port(0), "sum")
+    with pytest.raises(InputError, match="contiguous=False"):  # nothing sent: a 1-worker switch would answer
+        _extremum.allreduce(torch.ones(4, 4).t(), InProcessSwitch(1).port(0), "max")
 
 
 @pytest.fixture(scope="module")

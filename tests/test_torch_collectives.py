@@ -20,7 +20,7 @@ import torch
 from homagg.testing import check_within_bound, exact_sum
 
 sys.path.insert(0, str(Path(__file__).parent / "_dist_scripts"))
-from _launch import launch, make_input, tensor_from_json  # noqa: E402
+from _launch import check_values, launch, make_input, tensor_from_json  # noqa: E402
 
 REDUCTIONS = ["sum_float32", "avg_float32", "sum_float64", "sum_float16", "sum_bfloat16", "sum_large",
               "sum_int32", "sum_int64"]
@@ -35,10 +35,7 @@ def results(world: int) -> list[dict[str, Any]]:
 
 def outcome(world: int, check: str) -> list[Any]:
     """Every rank's returned value of ``check`` (a rank that raised fails here, with its traceback)."""
-    values = [res[check] for res in results(world)]
-    for rank, value in enumerate(values):
-        assert not (isinstance(value, str) and value.startswith("FAILED")), f"rank {rank}: {value}"
-    return values
+    return check_values(results(world), check)
 
 
 def assert_reduction(world: int, per_rank: list[dict[str, Any]]) -> None:

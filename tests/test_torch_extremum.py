@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "_dist_scripts"))
-from _launch import launch  # noqa: E402
+from _launch import check_values, launch  # noqa: E402
 
 _cache: dict[int, list[dict[str, Any]]] = {}
 
@@ -25,10 +25,7 @@ _cache: dict[int, list[dict[str, Any]]] = {}
 def outcome(world: int, check: str = "extremum") -> list[dict[str, Any]]:
     if world not in _cache:
         _cache[world] = launch("extremum.py", world, timeout=300)[0]
-    values = [r[check] for r in _cache[world]]
-    for rank, value in enumerate(values):
-        assert not (isinstance(value, str) and value.startswith("FAILED")), f"rank {rank}: {value}"
-    return values
+    return check_values(_cache[world], check)
 
 
 def test_on_the_host_path_gloo_maxes_the_same_keys() -> None:

@@ -18,7 +18,7 @@ import torch
 from homagg.testing import check_within_bound
 
 sys.path.insert(0, str(Path(__file__).parent / "_dist_scripts"))
-from _launch import launch, make_input, tensor_from_json  # noqa: E402
+from _launch import check_values, launch, make_input, tensor_from_json  # noqa: E402
 
 _cache: dict[int, list[dict[str, Any]]] = {}
 
@@ -27,10 +27,7 @@ def outcome(world: int, check: str) -> list[Any]:
     """Every rank's returned value of ``check`` (a rank that raised fails here, with its traceback)."""
     if world not in _cache:
         _cache[world] = launch("inline_calls.py", world, timeout=240)[0]
-    values = [res[check] for res in _cache[world]]
-    for rank, value in enumerate(values):
-        assert not (isinstance(value, str) and value.startswith("FAILED")), f"rank {rank}: {value}"
-    return values
+    return check_values(_cache[world], check)
 
 
 @pytest.mark.parametrize("world", [2, 3])

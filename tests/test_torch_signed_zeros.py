@@ -18,7 +18,7 @@ import torch
 from homagg.testing import exact_sum, local_allreduce
 
 sys.path.insert(0, str(Path(__file__).parent / "_dist_scripts"))
-from _launch import launch, tensor_from_json  # noqa: E402
+from _launch import check_values, launch, tensor_from_json  # noqa: E402
 
 GROUPS = ["dense", "sketch", "compact", "auto-sketch", "auto-compact"]
 DTYPES = ["float16", "bfloat16", "float32", "float64"]
@@ -30,10 +30,7 @@ _cache: list[dict[str, Any]] = []
 def outcome(group: str) -> list[Any]:
     if not _cache:
         _cache.extend(launch("signed_zeros.py", 2, timeout=240)[0])
-    values = [res[group] for res in _cache]
-    for rank, value in enumerate(values):
-        assert not (isinstance(value, str) and value.startswith("FAILED")), f"rank {rank}: {value}"
-    return values
+    return check_values(_cache, group)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -41,6 +41,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from .._errors import InputError
 from ..transport import CombineOp, OwnRound, SwitchPort
 from . import _descriptor
 from ._fixedpoint import EMPTY_EXPONENT
@@ -96,6 +97,10 @@ def allreduce(t: torch.Tensor, port: SwitchPort, reduction: str, stats: WorkerSt
     docstring)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if not takes(t):
+        raise InputError(f"homagg MAX/MIN on the switch takes a dense contiguous tensor of 1 to {MAX_ELEMENTS} "
+                         f"elements of {sorted(str(d) for d in DTYPES)}, got {t.dtype} {tuple(t.shape)} "
+                         f"({t.layout}, contiguous={t.is_contiguous()})")
     x = t.detach()
     host = (x if x.device.type == "cpu" else x.to("cpu")).reshape(-1)
     n, wide = host.numel(), x.dtype not in _KEY32

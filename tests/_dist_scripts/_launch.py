@@ -24,7 +24,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent
 
-__all__ = ["free_port", "process_alive", "launch", "write_result", "run_checks", "RankFailure", "REPO", "SCRIPTS",
+__all__ = ["free_port", "process_alive", "launch", "write_result", "run_checks", "check_values", "RankFailure", "REPO",
+           "SCRIPTS",
            "tensor_to_json", "tensor_from_json", "make_input", "entry_point_site"]
 
 
@@ -119,6 +120,15 @@ def run_checks(checks: Sequence[tuple[str, Callable[[], Any]]]) -> dict[str, Any
         except Exception:  # noqa: BLE001 - reported to the test, which fails on it
             results[name] = "FAILED\n" + traceback.format_exc()
     return results
+
+
+def check_values(per_rank: Sequence[Mapping[str, Any]], check: str) -> list[Any]:
+    """Every rank's value of ``check`` (:func:`run_checks`' results, one per rank); a rank whose
+    check raised fails here, with its traceback."""
+    values = [res[check] for res in per_rank]
+    for rank, value in enumerate(values):
+        assert not (isinstance(value, str) and value.startswith("FAILED")), f"rank {rank}: {value}"
+    return values
 
 
 def tensor_to_json(t: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ the group's worker.
   (and everything else issued while autograd runs) keep the worker, so they overlap the rest of
   backward.
 * :func:`extremum_call`: a small synchronous MAX or MIN allreduce of one dense tensor goes through
-  the switch's MAX (:mod:`homagg.codec._extremum`: one round, two for 64-bit values) in the
+  the switch's MAX (:mod:`homagg.codec._extremum`: one round, two for some int64 calls) in the
   caller's thread, and on to gloo where a NaN or a negative zero makes gloo's operand order matter.
 * :func:`small_call` and :class:`SmallCalls`: the commonest small call (one dense tensor, SUM or
   AVG, synchronous) goes from the group's ``allreduce`` straight to the codec's small-call path,

@@ -93,7 +93,8 @@ def test_int64_takes_a_second_round_only_where_the_high_words_differ(reduction: 
     assert run(same) == 1
     negative = [torch.tensor([-1 - r, -2**31 - r], dtype=torch.int64) for r in range(3)]  # high words -1
     assert run(negative) == 1
-    apart = [torch.tensor([-1 + r, 2**40 * (r - 1) + r, 2**63 - 1 - r, -2**63 + r], dtype=torch.int64) for r in range(3)]
+    apart = [torch.tensor([-1 + r, 2**40 * (r - 1) + r, 2**63 - 1 - r, -2**63 + r], dtype=torch.int64)
+             for r in range(3)]
     assert run(apart) == 2
 
 

@@ -51,7 +51,7 @@ __all__ = ["DTYPES", "MAX_ELEMENTS", "REDUCTIONS", "allreduce", "takes"]
 
 #: the reductions this path serves (the descriptor's names)
 REDUCTIONS = _descriptor.REDUCTIONS
-#: dtypes whose values become 32-bit keys (the rest of :data:`DTYPES`: 64-bit keys, two rounds)
+#: dtypes whose values become 32-bit keys (the rest of :data:`DTYPES`, int64: 64-bit keys, one or two rounds)
 _KEY32 = (torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.float32, torch.float16,
           torch.bfloat16)
 DTYPES = frozenset(_KEY32 + (torch.int64,))

@@ -46,14 +46,15 @@ class _Call(ctypes.Structure):
 class _Sink(ctypes.Structure):
     """``hg_mid_sink`` (``_mid_kernels.c``), field for field."""
 
-    _fields_ = [("call", _P), ("state", ctypes.c_int64), ("next", ctypes.c_int64), ("first", ctypes.c_int64), ("union_count", ctypes.c_int64),
-                ("sums", _P), ("off", _P), ("wc", _P), ("total", ctypes.c_int64)]
+    _fields_ = [("call", _P), ("state", ctypes.c_int64), ("next", ctypes.c_int64), ("first", ctypes.c_int64),
+                ("union_count", ctypes.c_int64), ("sums", _P), ("off", _P), ("wc", _P), ("total", ctypes.c_int64)]
 
 
 #: whether the library decodes a round's chunks as they come (``homagg_mid_results``: a library built
 #: before it decodes after the round); ``HOMAGG_MID_OVERLAP=0`` turns it off (A/B runs, tests)
 OVERLAP = AVAILABLE and hasattr(_LIB, "homagg_mid_results") and os.environ.get("HOMAGG_MID_OVERLAP", "1") != "0"
-_RESULTS_HOOK = ctypes.cast(_LIB.homagg_mid_results, ctypes.c_void_p).value if OVERLAP else None  # type: ignore[union-attr]
+_RESULTS_HOOK = (ctypes.cast(_LIB.homagg_mid_results, ctypes.c_void_p).value  # type: ignore[union-attr]
+                 if OVERLAP else None)
 
 if AVAILABLE:
     assert _LIB is not None

@@ -95,8 +95,10 @@ def test_arrays_put_the_same_datagrams_on_the_wire_as_streams(native: bool) -> N
     for arrays in (False, True):
         fake = FakeSwitch(lambda i, h: [(0.0, 1)])
         try:
+            # an RTO floor no scheduling stall reaches: a retransmission (a loaded CI host once stalled
+            # the Python loop's run past the 0.2 s floor) would add a datagram to one wire only
             with UdpSwitchPort(fake.addr, rank=0, job_id=1, world_size=1, n_slots=8, words_per_packet=16,
-                               timeout=10.0, native=native) as port:
+                               timeout=30.0, native=native, rto=10.0, min_rto=10.0, max_rto=20.0) as port:
                 out = []
                 for words in rounds:
                     if arrays:

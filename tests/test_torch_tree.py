@@ -35,10 +35,6 @@ def results(world: int) -> list[dict[str, Any]]:
     return _cache[world]
 
 
-def values(per_rank: list[dict[str, Any]], check: str) -> list[Any]:
-    return check_values(per_rank, check)
-
-
 def assert_reduction(world: int, per_rank: list[dict[str, Any]]) -> None:
     """Every rank's result within the bound of the exact sum (integers: equal to it and to gloo's;
     MAX: gloo's), of the input's dtype and shape, the same on every rank."""
@@ -65,7 +61,7 @@ def test_embedded_tree_is_planned_started_and_stopped(world: int) -> None:
     plan places it with the whole job's world size, and destroy stopped every emulator."""
     per_rank = results(world)
     plan = plan_tree(world)
-    infos = values(per_rank, "tree")
+    infos = check_values(per_rank, "tree")
     for rank, info in enumerate(infos):
         leaf, worker = plan.place(rank)
         assert info["kind"] == "embedded", info
@@ -82,7 +78,7 @@ def test_embedded_tree_is_planned_started_and_stopped(world: int) -> None:
 @pytest.mark.parametrize("world", [33, 40])
 @pytest.mark.parametrize("check", REDUCTIONS)
 def test_embedded_tree_allreduce_against_exact_sum_and_gloo(world: int, check: str) -> None:
-    assert_reduction(world, values(results(world), check))
+    assert_reduction(world, check_values(results(world), check))
 
 
 @pytest.mark.parametrize("victim", ["leaf", "root"])
@@ -93,7 +89,7 @@ def test_a_killed_tree_switch_sends_the_group_to_the_host_path_and_back(victim: 
     per_rank, outputs = launch("tree_collectives.py", world, timeout=900,
                                env={"KILL": victim, "KILL_AFTER": "2", "CALLS": "8", "N": "1000",
                                     "HOMAGG_TIMEOUT": "60", "HOMAGG_PROBE_INTERVAL": "0.2"})
-    calls = values(per_rank, "calls")
+    calls = check_values(per_rank, "calls")
     for n in range(len(calls[0])):
         assert_reduction(world, [c[n] for c in calls])
     for rank, res in enumerate(per_rank):
@@ -149,8 +145,8 @@ def test_tree_job_file_with_external_switches(tmp_path: Path) -> None:
                              env={"HOMAGG_SWITCH": str(path), "HOMAGG_SWITCH_SECRET": secret, "N": "1000",
                                   "HOMAGG_SLOTS": "8"})
         for check in ("sum_float32", "sum_int64"):
-            assert_reduction(34, values(per_rank, check))
-        for info in values(per_rank, "tree"):
+            assert_reduction(34, check_values(per_rank, check))
+        for info in check_values(per_rank, "tree"):
             assert info["kind"] == "external" and info["port_world"] == 34 and info["leaf_world"] == 17
             assert info["token"] == 0x5EED1E55 and info["job_id"] == 4242, info
             assert (info["n_slots"], info["words_per_packet"]) == (8, 2048), info  # the slots option wins

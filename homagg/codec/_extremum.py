@@ -63,6 +63,8 @@ _OPS2 = (CombineOp.MAX,)
 _I32_MIN = np.int32(-(2**31))
 #: up to this many float32 or int32 elements the keys are made on Python numbers (:func:`_few`)
 _FEW = 16
+#: the own round's kept entry: the signature whose descriptor its head array holds
+_extremum_key = "homagg.codec._extremum"
 
 
 def takes(t: torch.Tensor) -> bool:
@@ -78,9 +80,22 @@ def _keys32(x: torch.Tensor, out: np.ndarray) -> bool:
         out[:] = x.numpy() if x.dtype == torch.int32 else x.to(torch.int32).numpy()
         return False
     s = (x if x.dtype == torch.float32 else x.float()).view(torch.int32).numpy()
-    np.bitwise_xor(s, (s >> 31) & 0x7FFFFFFF, out=out)  # s ^ 0x7FFFFFFF where s < 0: -mag - 1
+    _flip(s, out)  # -mag - 1 for a negative value
     # NaN: a magnitude above infinity's (either sign: max(k, ~k) is the magnitude); -0.0: key -1
     return bool((np.maximum(out, ~out) > 0x7F800000).any() or (out == -1).any())
+
+
+def _flip(s: np.ndarray, out: np.ndarray) -> None:
+    """float32 bits <-> keys (an involution): ``s ^ 0x7FFFFFFF`` where ``s < 0``, else ``s``."""
+    np.bitwise_xor(s, (s >> 31) & 0x7FFFFFFF, out=out)
+
+
+def _first_round(port: SwitchPort, own: OwnRound | None, head: np.ndarray, body: np.ndarray) -> np.ndarray:
+    """The call's round of [descriptor, flag + keys] (the port's own arrays where it keeps them):
+    the combined flag + keys."""
+    if own is not None:
+        return own.run(_descriptor.AGREEMENT)[1]
+    return port.combine_arrays(_OPS1, [head, body], _descriptor.AGREEMENT)[1]
 
 
 @lru_cache(maxsize=1024)
@@ -126,9 +141,7 @@ def allreduce(t: torch.Tensor, port: SwitchPort, reduction: str, stats: WorkerSt
         if reduction == "min":
             np.invert(body[1:], out=body[1:])
     body[0] = special
-    combined = own.run(_descriptor.AGREEMENT) if own is not None else \
-        port.combine_arrays(_OPS1, [head, body], _descriptor.AGREEMENT)
-    top = combined[1]
+    top = _first_round(port, own, head, body)
     rounds = 1
     if top[0]:  # a NaN or a -0.0 somewhere: gloo's order decides (every rank sees the same flag)
         _count(stats, rounds)
@@ -144,7 +157,7 @@ def allreduce(t: torch.Tensor, port: SwitchPort, reduction: str, stats: WorkerSt
     else:
         k = ~top[1:] if reduction == "min" else top[1:].copy()
         if x.dtype in _FLOATS:
-            np.bitwise_xor(k, (k >> 31) & 0x7FFFFFFF, out=k)
+            _flip(k, k)
             result = torch.from_numpy(k).view(torch.float32)
         else:
             result = torch.from_numpy(k)
@@ -175,9 +188,7 @@ def _few(x: torch.Tensor, host: torch.Tensor, port: SwitchPort, own: OwnRound | 
         keys = [~k for k in keys]
     body[0] = special
     body[1:] = keys
-    combined = own.run(_descriptor.AGREEMENT) if own is not None else \
-        port.combine_arrays(_OPS1, [head, body], _descriptor.AGREEMENT)
-    top = combined[1].tolist()
+    top = _first_round(port, own, head, body).tolist()
     _count(stats, 1)
     if top[0]:
         return False
@@ -187,8 +198,6 @@ def _few(x: torch.Tensor, host: torch.Tensor, port: SwitchPort, own: OwnRound | 
     x.view(torch.int32).numpy().reshape(-1)[:] = keys  # one rank's value, bit for bit
     return True
 
-
-_extremum_key = "homagg.codec._extremum"  #: the own round's kept entry: the signature its descriptor holds
 
 
 def _count(stats: WorkerStats | None, rounds: int) -> None:

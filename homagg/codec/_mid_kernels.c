@@ -198,6 +198,14 @@ typedef struct {
     int64_t total;
 } hg_mid_sink;
 
+/* Decode the values chunks from k->next up to (not including) chunk ``end``. */
+static void decode_chunks(hg_mid_sink *k, int64_t end) {
+    for (int64_t i = k->next; i < end; i++)
+        k->union_count += dequantize_range(k->call, k->sums, k->off[i], k->off[i] + k->wc[i]);
+    if (end > k->next)
+        k->next = end;
+}
+
 void homagg_mid_results(hg_mid_sink *k, int32_t *const *out, const int32_t *stream, const int32_t *off,
                         const int32_t *wc, const uint8_t *completed, int64_t total, int64_t verified) {
     hg_mid_call *c = k->call;
@@ -219,10 +227,10 @@ void homagg_mid_results(hg_mid_sink *k, int32_t *const *out, const int32_t *stre
     }
     if (k->state != DECODING)
         return;
-    int64_t i = k->next;
-    for (; i < total && completed[i]; i++)
-        k->union_count += dequantize_range(c, k->sums, off[i], off[i] + wc[i]);
-    k->next = i;
+    int64_t end = k->next;
+    while (end < total && completed[end])
+        end++;
+    decode_chunks(k, end);
 }
 
 /* After the round, with the call's agreed/mng/sums bound to the round's results: where the hook
@@ -232,9 +240,7 @@ int homagg_mid_finish(hg_mid_sink *k) {
     hg_mid_call *c = k->call;
     if (k->state != DECODING || k->sums != c->sums)
         return homagg_mid_decode(c);
-    for (int64_t i = k->next; i < k->total; i++)
-        k->union_count += dequantize_range(c, k->sums, k->off[i], k->off[i] + k->wc[i]);
-    k->next = k->total;
+    decode_chunks(k, k->total);
     c->union_count = k->union_count;
     return 0;
 }

@@ -95,15 +95,15 @@ def test_synchronous_gloo_side_ops_run_inline(world: int) -> None:
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_barrier_after_switch_rounds_is_the_agreement(world: int) -> None:
-    """After switch rounds a barrier is the path port's agreement alone (every rank in it, nothing
-    failed: no second collective), and it still holds every rank until the last one arrives (the
-    ranks enter 0.15 s apart); a barrier with no switch round before it is gloo's own."""
-    values = outcome(world, "barrier_header")
+def test_a_barrier_is_one_switch_round(world: int) -> None:
+    """A barrier is one switch round (after switch rounds or not; gloo's barrier is never asked
+    for), and it holds every rank until the last one arrives (the ranks enter 0.15 s apart)."""
+    values = outcome(world, "barrier_round")
     for value in values:
         assert value["path"] == "switch" and value["sum"] == [float(world)], value
-        assert value["after_switch"]["gloo_barriers"] == 0 and value["plain"]["gloo_barriers"] == 1, value
-    for which in ("after_switch", "plain"):
+        assert value["gloo_barriers"] == 0, value
+        assert value["after_switch"]["switch_rounds"] == value["again"]["switch_rounds"] == 1, value
+    for which in ("after_switch", "again"):
         last_in = max(v[which]["entered"] for v in values)
         assert min(v[which]["left"] for v in values) >= last_in, (which, values)
 

@@ -34,7 +34,7 @@ from .._errors import ProtocolError, RankMismatchError
 from ..transport import AgreementCheck, Stream
 from ..wire import CombineOp
 
-__all__ = ["NAME", "FIELDS", "LENGTH", "SPARE", "AGREEMENT", "REDUCTIONS", "describe", "words", "check"]
+__all__ = ["NAME", "FIELDS", "LENGTH", "SPARE", "AGREEMENT", "REDUCTIONS", "BARRIER", "describe", "words", "check"]
 
 NAME = "descriptor"
 #: descriptor fields, in stream order (each a non-negative int31; 62-bit values take two fields)
@@ -50,6 +50,9 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64,
 #: the scheme field of a MAX or MIN call (:mod:`._extremum`): codes after the SUM schemes'
 REDUCTIONS = ("max", "min")
 _REDUCTION_BASE = 64
+#: the scheme field's name of a barrier's round (:mod:`._barrier`)
+BARRIER = "barrier"
+_BARRIER_CODE = 96
 _LOW = (1 << 31) - 1
 
 
@@ -95,6 +98,8 @@ def words(numel: int, dtype: torch.dtype, scheme: str, world_size: int, round_wo
 def _scheme_code(scheme: str) -> int:
     if scheme in SCHEMES:
         return SCHEMES.index(scheme) + 1
+    if scheme == BARRIER:
+        return _BARRIER_CODE
     return _REDUCTION_BASE + REDUCTIONS.index(scheme) if scheme in REDUCTIONS else 0
 
 
@@ -104,6 +109,8 @@ def _name(key: str, value: int) -> str:
         name = str(_DTYPES[code - 1]) if 0 < code <= len(_DTYPES) and wide < 2 else f"dtype #{value}"
         return name + " in two words" if wide == 1 else name
     if key == "scheme":
+        if value == _BARRIER_CODE:
+            return "a barrier"
         if 0 <= value - _REDUCTION_BASE < len(REDUCTIONS):
             return f"{REDUCTIONS[value - _REDUCTION_BASE]} (a MAX/MIN all_reduce)"
         return SCHEMES[value - 1] if 0 < value <= len(SCHEMES) else f"scheme #{value}"

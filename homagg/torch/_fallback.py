@@ -48,7 +48,8 @@ failed), so the waiting rank gets the result from the others before they exit.
 Policy: ``fallback="error"`` keeps the old behaviour (the port's error reaches the caller, the group
 is unusable).  Errors a fallback cannot fix still surface: a peer that died (the agreement's gloo
 collective fails), ranks out of step (:class:`~homagg.RankMismatchError` is not a transport error),
-bad input.
+bad input; a peer known dead (:class:`~homagg.RankTimeoutError` from the port: its presence
+socket is closed) reaches the caller as it is, without a fallback.
 
 Invariants: every rank's result of every round is the same combination of every rank's words, on
 either path; every rank leaves each call on the same path; every wait is bounded (the switch port's
@@ -57,6 +58,7 @@ timeout, then gloo's, then the store's).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -69,7 +71,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
-from .._errors import HomAggError, PathWarning, ProtocolError, TransportError
+from .._errors import HomAggError, PathWarning, ProtocolError, RankTimeoutError, TransportError
 from ..codec import WorkerStats
 from ..transport import CombineOp, GlooSwitchPort, OwnRound, Stream, SwitchPort, transport_error
 from ._comeback import GIVE_UP, TRY, ReturnSchedule, canary
@@ -145,6 +147,10 @@ class PathPort(SwitchPort):
             return None
         return self._own_rounds.of(inner)
 
+    def patient(self, timeout_s: float) -> contextlib.AbstractContextManager[None]:
+        """:meth:`SwitchPort.patient` of the switch's port (gloo's waits are the group's already)."""
+        return self.link.port.patient(timeout_s) if self.path == "switch" else contextlib.nullcontext()
+
     def _round(self, run: Callable[[SwitchPort], list[Any]], streams: Callable[[], Sequence[Stream]],
                as_tensors: Callable[[list[Any]], list[Any]]) -> list[Any]:
         """``run(port)`` on the path in use; on the switch, a transport error falls back with the round
@@ -158,7 +164,7 @@ class PathPort(SwitchPort):
         try:
             out = run(self.link.port)
         except TransportError as exc:
-            if self.policy == "error":
+            if self.policy == "error" or isinstance(exc, RankTimeoutError):  # a peer died: no path helps
                 raise
             return self._fall_back(streams(), exc, time.monotonic() - t0)
         self.rounds += 1

@@ -63,6 +63,7 @@ from ._backward_guard import BackwardGuard
 from ._config import BackendConfig
 from ._creation import READY_KEY, arrive, creation_error, gloo_group
 from ._fallback import PathPort
+from ._presence import Presence
 from ._ops import DELEGATED_OPS, as_options, delegated, reduce_op
 from ._routing import (CODEC_FLOAT_DTYPES, CODEC_INT_DTYPES, SmallCalls, codec_takes, extremum_call, runs_inline,
                        small_call, sync_outside_backward)
@@ -89,10 +90,11 @@ class ProcessGroupHomagg(SwitchCalls, ProcessGroup):
     ) -> None:
         super().__init__(rank, size)
         from .. import codec  # imported here, not at module import (entry-point safety)
-        from ..codec import _extremum
+        from ..codec import _barrier, _extremum
 
         self._allreduce_fn = codec.allreduce
         self._extremum_fn, self._extremum_takes = _extremum.allreduce, _extremum.takes
+        self._barrier_fn = _barrier.barrier
         self._codec = codec.CodecConfig.from_options(dict(config.codec))
         self._small = SmallCalls(config.scheme, self._codec, size)  # small calls' straight route
         #: what this rank's codec allreduces sent: bytes per stream, rounds, redos (accumulates)
@@ -117,6 +119,7 @@ class ProcessGroupHomagg(SwitchCalls, ProcessGroup):
         self._private: dist.ProcessGroup | None = None  # gloo for the worker thread
         self._link: SwitchLink | None = None
         self._path: PathPort | None = None  # switch or host path (udp switches; None for gloo)
+        self._presence: Presence | None = None  # the peers' presence (udp switches; see _presence)
         self._wait_s = timeout.total_seconds() + 5.0
         self._broken: BaseException | None = None  # sticky: first failed collective
         self._backward = BackwardGuard(self._wait_s)  # works issued during each running backward
@@ -148,8 +151,12 @@ class ProcessGroupHomagg(SwitchCalls, ProcessGroup):
         self._private = gloo_group(store, "homagg/private/", rank, size, timeout, deadline, "private")
         self._link = open_switch(self.config, store, rank, size, self._private, group_id, timeout.total_seconds())
         if self._link.kind != "gloo":
+            self._presence = Presence(store, rank, self._link)
             self._path = self._path_port(store, rank, size, group_id, timeout.total_seconds())
         await_ranks(store, READY_KEY, rank, size, timeout.total_seconds(), "group creation (registration with the switch)")
+        if self._presence is not None:
+            self._presence.connect(store, rank, size)
+            self._presence.watched(self._link)
 
     def _path_port(self, store: dist.Store, rank: int, size: int, group_id: str, timeout_s: float) -> PathPort:
         """The port every codec round goes through: the switch, or the host path after it failed."""
@@ -158,8 +165,11 @@ class ProcessGroupHomagg(SwitchCalls, ProcessGroup):
         return PathPort(
             first, self._private, rank, size, stats=self.stats, policy=config.fallback, timeout_s=timeout_s,
             probe_interval_s=config.probe_interval, switch_timeout_s=config.timeout, return_attempts=config.return_attempts,
-            open_link=lambda epoch: reopen_switch(config, store, rank, size, group_id, timeout_s, epoch),
+            open_link=lambda epoch: self._watched(reopen_switch(config, store, rank, size, group_id, timeout_s, epoch)),
             probe=lambda: probe_switch(config, first))
+
+    def _watched(self, link: SwitchLink) -> SwitchLink:
+        return self._presence.watched(link) if self._presence is not None else link
 
     @property
     def path(self) -> str:
@@ -236,8 +246,15 @@ class ProcessGroupHomagg(SwitchCalls, ProcessGroup):
         return self.all_gather_single(output, input, opts)
 
     def barrier(self, opts: Any = None) -> HomaggWork | CompletedWork:
+        """One switch round that every rank must enter before any leaves (:mod:`homagg.codec._barrier`;
+        it waits up to the group timeout for a late rank; a dead rank or switch ends it within about
+        a second); gloo's barrier where the group has no switch (``switch="gloo"``)."""
         opts = opts if opts is not None else dist.BarrierOptions()
-        return self._on_gloo("barrier", lambda g: g.barrier(opts), [], opts, header_suffices=True)
+        if self._path is None:
+            return self._on_gloo("barrier", lambda g: g.barrier(opts), [], opts)
+        if sync_outside_backward(opts):
+            return self._submit_small("barrier", self._switch_barrier)
+        return self._submit("barrier", self._switch_barrier)
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
         """Barrier that names the ranks that did not arrive (gloo's ``monitored_barrier`` semantics).
@@ -292,20 +309,16 @@ class ProcessGroupHomagg(SwitchCalls, ProcessGroup):
         if self._broken is None:
             self._broken = exc
 
-    def _on_gloo(self, op: str, call: Any, result: list[torch.Tensor], opts: Any = None,
-                 header_suffices: bool = False) -> HomaggWork | CompletedWork:
+    def _on_gloo(self, op: str, call: Any, result: list[torch.Tensor], opts: Any = None) -> HomaggWork | CompletedWork:
         """Queue ``op``, run by ``call`` on the private gloo group in the worker thread (in the
         caller's when ``opts`` say synchronous and the worker is idle: :func:`._routing.sync_outside_backward`);
         gloo's failures (e.g. the plain ``RuntimeError`` of a peer that is gone) become the typed
-        :func:`~homagg.transport.transport_error` of ``op``.  ``header_suffices`` (a barrier): where
-        the path port's agreement after switch rounds ran with every rank in it, that collective was
-        the operation (:meth:`~homagg.torch._fallback.PathPort.before_gloo_op`): ``call`` is skipped."""
+        :func:`~homagg.transport.transport_error` of ``op``."""
 
-        task = self._gloo_task(op, call, result, header_suffices)
+        task = self._gloo_task(op, call, result)
         return self._submit_small(op, task) if sync_outside_backward(opts) else self._submit(op, task)
 
-    def _gloo_task(self, op: str, call: Any, result: list[torch.Tensor],
-                   header_suffices: bool = False) -> Any:
+    def _gloo_task(self, op: str, call: Any, result: list[torch.Tensor]) -> Any:
         """The task of :meth:`_on_gloo` (see there), to run on the worker or inline."""
 
         def task() -> TaskResult:
@@ -313,8 +326,8 @@ class ProcessGroupHomagg(SwitchCalls, ProcessGroup):
             if gloo is None:
                 raise TransportError("homagg process group is shut down")
             # nobody may still wait for a switch round (see _fallback)
-            if self._path is not None and self._path.before_gloo_op() and header_suffices:
-                return result
+            if self._path is not None:
+                self._path.before_gloo_op()
             t0 = time.monotonic()
             try:
                 work = call(gloo)
@@ -352,6 +365,9 @@ class ProcessGroupHomagg(SwitchCalls, ProcessGroup):
             path.close()  # the link in use (the first one, or one opened after a fallback)
         elif link is not None:
             link.close()
+        presence, self._presence = self._presence, None
+        if presence is not None:  # after the path port's close: its agreement may wait for a peer
+            presence.close()
         if self._private is not None or self._delegate is not None:
             # gloo's threads free finished work under their queue lock and may need the GIL for
             # it; dropping a gloo group joins them with the GIL held: let them finish first.

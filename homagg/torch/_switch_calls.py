@@ -1,5 +1,5 @@
 """A homagg process group's calls on its switch port: the codec's SUM/AVG, the switch's MAX/MIN,
-each as one call of the group's path port (:class:`~homagg.torch._fallback.PathPort`).
+the barrier, each as one call of the group's path port (:class:`~homagg.torch._fallback.PathPort`).
 
 :class:`SwitchCalls` is a mixin of :class:`~homagg.torch.ProcessGroupHomagg`, which routes each
 allreduce (:mod:`._routing`) and runs these methods as tasks (on its worker, or inline in the
@@ -41,7 +41,10 @@ class SwitchCalls:
 
         def size(self) -> int: ...
 
-        def _gloo_task(self, op: str, call: Any, result: list[torch.Tensor], header_suffices: bool = False) -> Any: ...
+        _barrier_fn: Any
+        _timeout: Any
+
+        def _gloo_task(self, op: str, call: Any, result: list[torch.Tensor]) -> Any: ...
 
     def _extremum_allreduce(self, tensors: list[torch.Tensor], reduction: str, opts: Any) -> TaskResult:
         """MAX or MIN through the switch's MAX (:mod:`homagg.codec._extremum`); on gloo where a NaN
@@ -72,6 +75,17 @@ class SwitchCalls:
             return tensors
 
         return self._on_port(reduce)
+
+    def _switch_barrier(self) -> TaskResult:
+        """The group's barrier as one round of its path port (:mod:`homagg.codec._barrier`), waiting
+        up to the group timeout for a late rank (:meth:`~homagg.transport.SwitchPort.patient`)."""
+
+        def wait(port: Any) -> list[torch.Tensor]:
+            with port.patient(self._timeout.total_seconds()):
+                self._barrier_fn(port, self.stats)
+            return []
+
+        return self._on_port(wait)
 
     def _on_port(self, call: Any) -> Any:
         """``call(port)`` as one call of the group's switch port: the path port's call boundary

@@ -23,7 +23,8 @@ oracle); the emulator's numpy stage (``switch_emulator/combine.py``) and the P4 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -314,6 +315,14 @@ class SwitchPort(abc.ABC):
         """The port's own arrays for rounds of this shape, where it keeps them (a small shape on
         the native UDP datapath), else None (use :meth:`combine_arrays`); see :class:`OwnRound`."""
         return None
+
+    @contextlib.contextmanager
+    def patient(self, timeout_s: float) -> Iterator[None]:
+        """Within it, a round waits up to ``timeout_s`` for the other workers (a barrier waits for a
+        late rank), and its timers learn nothing from that wait (it measures the peers, not the
+        path).  Every other wait, and a dead switch or peer, is found as always.  This default (a
+        port without its own progress timeout) changes nothing."""
+        yield
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources held by this port (idempotent)."""

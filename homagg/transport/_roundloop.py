@@ -95,9 +95,17 @@ class RoundLoop:
             port._seq = r.seq0 + r.total  # keep the sequence aligned if the caller retries the job
             self.finish()
             raise self._timeout_error(now - self.last_progress, gone)
+        peers = port.peers
+        left = peers.gone(now, now - self.last_progress) if peers is not None else None
+        if left is not None:
+            port._seq = r.seq0 + r.total
+            self.finish()
+            raise self._timeout_error(now - self.last_progress, left, peers.dead)
         self.send_probes(port._liveness.take_probes())
         if expired or port._liveness.control is not None:
             self.next_scan = min(self.next_scan, now + port._liveness.interval_s)
+        if peers is not None:
+            self.next_scan = min(self.next_scan, now + peers.interval_s)
 
     def send_probes(self, n: int) -> None:
         """Send ``n`` copies of the oldest pending chunk, marked as retransmissions: the liveness
@@ -137,7 +145,9 @@ class RoundLoop:
         rnd.ignored = rnd.probes = rnd.refused = 0
         port._sync_rtt_stats()
 
-    def _timeout_error(self, stalled_s: float, gone: str | None) -> Exception:
+    def _timeout_error(self, stalled_s: float, gone: str | None, ranks: tuple[int, ...] = ()) -> Exception:
+        """The stall's error: ``gone`` says why the switch (or, with ``ranks``, those peer ranks) is
+        known gone, or None at the progress timeout."""
         r, port = self.r, self.port
         job = port.job
         pending = [c for c in r.cur if c >= 0]
@@ -147,7 +157,8 @@ class RoundLoop:
         addr = port.switch_addr
         return stall_error(port._ctl, job.job_id, port.rank, stalled_s, job.slot_base + g % job.n_slots,
                            (g // job.n_slots) & 1, self.names[j], off, len(pending), self.stats.get("refused", 0),
-                           gone=None if gone is None else f"the switch at {addr[0]}:{addr[1]} {gone}")
+                           gone=None if gone is None else gone if ranks else f"the switch at {addr[0]}:{addr[1]} {gone}",
+                           ranks=ranks)
 
     # ---------------------------------------------------------------- the reference loop
     def fill(self, now: float) -> bool:

@@ -10,22 +10,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._errors import SwitchTimeoutError
+from .._errors import RankTimeoutError, SwitchTimeoutError
 
 __all__ = ["stall_error"]
 
 
 def stall_error(ctl: Any, job_id: int, rank: int, stalled_s: float, slot: int, bank: int, stream: str, offset: int,
-                pending: int, refused: int, gone: str | None = None) -> SwitchTimeoutError:
+                pending: int, refused: int, gone: str | None = None,
+                ranks: tuple[int, ...] = ()) -> SwitchTimeoutError | RankTimeoutError:
     """The :class:`~homagg.SwitchTimeoutError` of worker ``rank`` waiting ``stalled_s`` s on
     ``slot`` and ``bank`` (``pending`` chunks outstanding; ``refused``: ICMP port-unreachable
     answers seen); ``ctl`` is the port's control client or None; ``gone``: why the switch is known
     to be gone or to fail this job (:mod:`._liveness`; then it is not asked, and the error says so
-    first)."""
+    first); ``ranks``: the peer ranks known gone (:mod:`._peers`; ``gone`` says why): then the
+    error is a :class:`~homagg.RankTimeoutError` naming them."""
     missing: list[int] | None = None
     detail = "switch not asked (no control address)"
     if gone is not None:
-        err = SwitchTimeoutError(
+        kind = (lambda text: RankTimeoutError(text, ranks)) if ranks else SwitchTimeoutError
+        err = kind(
             f"job {job_id} worker {rank}: {gone}; no progress for {stalled_s:.2f}s, waiting on slot {slot} bank "
             f"{bank} (stream {stream!r} offset {offset}, {pending} chunks pending)")
         err.job_id, err.slot, err.bank, err.offset, err.stream, err.missing = (  # type: ignore[attr-defined]

@@ -70,9 +70,11 @@ Usage (one process per worker; job admitted once by anyone, e.g. rank 0)::
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import socket
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -87,6 +89,7 @@ from . import _fastpath as fastpath
 from .._buffers import spare_int32
 from ._sockets import join_results_group, send_datagram, set_buffers
 from ._liveness import JobSighting, Liveness
+from ._peers import PeerWatch
 from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
 from ._roundloop import DUPTHRESH
 from ._roundplan import OWN_WORDS, PLANS, SMALL_WORDS, RoundPlan
@@ -169,6 +172,9 @@ class UdpSwitchPort(SwitchPort):
         self._ctl = ControlClient(control, timeout=min(timeout, 10.0), secret=secret) if control is not None else None
         self._liveness = Liveness(parse_addr(control) if control is not None else None,
                                   job_known=self._job_known if self._ctl is not None else None)
+        #: the process group's peers' presence (:mod:`._peers`): a stalled round names a dead rank
+        #: within about a second; None: not watched (the progress timeout decides)
+        self.peers: PeerWatch | None = None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.msock: socket.socket | None = None  # the result group's socket, when subscribed
         # the send buffer (32 MB) holds a whole window of datagrams: the window, not the buffer,
@@ -367,6 +373,21 @@ class UdpSwitchPort(SwitchPort):
         return JobSighting(True, packets if isinstance(packets, int) else None,
                            {k: v for k, v in counters.items() if isinstance(v, int)} if isinstance(counters, dict) else {})
 
+    @contextlib.contextmanager
+    def patient(self, timeout_s: float) -> Iterator[None]:
+        """:meth:`SwitchPort.patient`: the progress timeout raised to ``timeout_s``; the RTO
+        estimator and the congestion window as they were before, afterwards (their counters keep
+        what happened)."""
+        saved_timeout, rtt, window = self.timeout, copy.copy(self.rtt), copy.copy(self.window)
+        self.timeout = max(saved_timeout, timeout_s)
+        try:
+            yield
+        finally:
+            self.timeout = saved_timeout
+            _restore(self.rtt, rtt, ("samples", "backoffs"))
+            _restore(self.window, window, ("reductions", "undos"))
+            self._sync_rtt_stats()
+
     def _sync_rtt_stats(self) -> None:
         est = self.rtt
         st = self.stats
@@ -393,3 +414,7 @@ class UdpSwitchPort(SwitchPort):
         if self._ctl is not None:
             self._ctl.close()
 
+
+def _restore(obj: Any, saved: Any, counters: tuple[str, ...]) -> None:
+    """``obj``'s state as ``saved`` holds it, but for its ``counters``."""
+    obj.__dict__.update({k: v for k, v in vars(saved).items() if k not in counters})

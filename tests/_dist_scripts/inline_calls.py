@@ -172,19 +172,21 @@ def _timed_barrier() -> dict:
     return {"entered": entered, "left": time.time()}
 
 
-def check_barrier_header() -> dict:
-    """A barrier after switch rounds is the path port's agreement (no gloo barrier asked for); one
-    with no switch round since is gloo's; both hold every rank until the last arrives."""
+def check_barrier_round() -> dict:
+    """A barrier is one switch round, after switch rounds or not, with no gloo barrier asked for;
+    either holds every rank until the last arrives."""
     counting = _CountingGloo(PG._private)
     PG._private = counting
+    port = PG.switch.port
     try:
         x = torch.ones(1)
-        dist.all_reduce(x)  # a switch round: the next gloo-side operation runs the agreement first
-        after_switch = _timed_barrier()
-        after_switch["gloo_barriers"] = counting.barriers
-        plain = _timed_barrier()  # nothing since the agreement: gloo's barrier
-        plain["gloo_barriers"] = counting.barriers - after_switch["gloo_barriers"]
-        return {"after_switch": after_switch, "plain": plain, "sum": x.tolist(), "path": PG.path}
+        dist.all_reduce(x)
+        out = {}
+        for which in ("after_switch", "again"):
+            rounds = port.stats["rounds"]
+            out[which] = _timed_barrier()
+            out[which]["switch_rounds"] = port.stats["rounds"] - rounds
+        return {**out, "gloo_barriers": counting.barriers, "sum": x.tolist(), "path": PG.path}
     finally:
         PG._private = counting.inner
 
@@ -238,6 +240,6 @@ def check_failure() -> dict:
 
 write_result(run_checks([("completed", check_completed), ("fifo", check_fifo), ("chained", check_chained),
                          ("backward", check_backward), ("gloo_side", check_gloo_side),
-                         ("barrier_header", check_barrier_header), ("allgather", check_allgather_without_options),
+                         ("barrier_round", check_barrier_round), ("allgather", check_allgather_without_options),
                          ("failure", check_failure)]))
 dist.destroy_process_group()

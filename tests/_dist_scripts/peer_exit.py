@@ -1,6 +1,7 @@
-"""Rank script: once a peer process is gone, the collectives the group runs on its gloo side
-(barrier, broadcast) fail with a typed :class:`homagg.HomAggError`, not gloo's plain RuntimeError,
-within the group timeout, and the group still shuts down.
+"""Rank script: once a peer process is gone, the group's barrier (a switch round) fails with
+:class:`homagg.RankTimeoutError` naming it (its presence socket is closed), and the collectives the
+group runs on its gloo side (broadcast) with a typed :class:`homagg.HomAggError`, not gloo's plain
+RuntimeError, within the group timeout; the group still shuts down.
 
 Rank 1 reports first and then leaves without shutting anything down (``os._exit``), as a crashed
 process does; rank 0 reports what each call raised.
@@ -34,7 +35,8 @@ for name, call in (("barrier", dist.barrier), ("broadcast", lambda: dist.broadca
         result[name] = None
     except Exception as exc:  # noqa: BLE001 - the test inspects the type
         result[name] = {"type": type(exc).__name__, "is_homagg": isinstance(exc, homagg.HomAggError),
-                        "seconds": time.monotonic() - t0, "message": str(exc)[:300]}
+                        "seconds": time.monotonic() - t0, "message": str(exc)[:400],
+                        "ranks": list(getattr(exc, "ranks", ()))}
 t0 = time.monotonic()
 dist.destroy_process_group()
 result["destroy_seconds"] = time.monotonic() - t0

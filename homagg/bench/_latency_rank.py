@@ -18,8 +18,9 @@ its own CPU time, user and system apart (``getrusage(RUSAGE_SELF)``: every threa
 the group's worker and gloo's threads included; Linux accounts the total to the nanosecond, so one
 call's total is not rounded to a tick, but splits it into user and system by sampling ticks: the
 split means something only summed over many calls).  Rank 0 also reads the embedded emulator's CPU over all timed
-calls (``/proc``, 10 ms ticks: the mean per call).  homagg ranks report the group's rounds of the
-size's first call (no history yet) and per timed call.
+calls (``/proc``, 10 ms ticks: the mean per call; at ``--pace barrier`` it includes homagg's
+barrier, itself a switch round).  homagg ranks report the group's rounds of the size's first call
+(no history yet) and per timed call (the call's own: not the paced barrier's round).
 
 Checks (outside the timed region): every rank digests every result (the launcher compares them:
 every rank got rank 0's result, bit for bit, on every call) and rank 0 checks each distinct result
@@ -35,6 +36,7 @@ import json
 import os
 import resource
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -52,83 +54,12 @@ def _rounds(pg: Any) -> int | None:
     return None if stats is None else int(stats.rounds)
 
 
-def one_size(pg: Any, numel: int, calls: int, warmup: int, fresh: bool, pace: Any, seed: int,
-             block: int, op: str = "sum") -> dict[str, Any]:
-    """Time ``warmup + calls`` all_reduces (``op``: sum, max or min) of ``numel`` fp32 elements
-    (``pace``: None, or the untimed barrier before each); the rank's report."""
-    import torch.distributed as dist
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    load = os.getloadavg()
-    x = make_tensor(numel, 1.0, rank, seed)
-    same = x.clone()
-    reduce_op = getattr(dist.ReduceOp, op.upper())
-    if op == "sum":
-        exact, bound = oracle(numel, 1.0, world, seed, block) if rank == 0 else (None, None)
-    else:  # MAX/MIN: one rank's value, exactly (the bound 0)
-        stack = torch.stack([make_tensor(numel, 1.0, r, seed) for r in range(world)]) if rank == 0 else None
-        exact = None if stack is None else (stack.amax(0) if op == "max" else stack.amin(0)).double()
-        bound = None if exact is None else torch.zeros(-(-numel // block), dtype=torch.float64)
-    times: list[float] = []
-    cpu_user: list[float] = []
-    cpu_sys: list[float] = []
-    digests: list[str] = []
-    checked: set[str] = set()
-    ok, max_err = True, 0.0
-    switch = switch_pid(pg) if rank == 0 else None
-    switch0: tuple[float, float] | None = None
-    rounds0 = _rounds(pg)
-    first_rounds = timed_rounds0 = None
-    for call in range(warmup + calls):
-        if call == warmup:
-            timed_rounds0 = _rounds(pg)
-            switch0 = process_cpu(switch) if switch is not None else None
-        if fresh:
-            buf = x.clone()
-        else:
-            buf = same
-            buf.copy_(x)
-        if pace is not None:
-            pace()
-        use0 = resource.getrusage(resource.RUSAGE_SELF)
-        t0 = time.perf_counter()
-        dist.all_reduce(buf, op=reduce_op)
-        elapsed = time.perf_counter() - t0
-        use1 = resource.getrusage(resource.RUSAGE_SELF)
-        if call == 0 and rounds0 is not None:
-            first_rounds = _rounds(pg) - rounds0  # type: ignore[operator]
-        digest = hashlib.blake2b(buf.numpy()).hexdigest()
-        if call >= warmup:
-            times.append(elapsed)
-            cpu_user.append(use1.ru_utime - use0.ru_utime)
-            cpu_sys.append(use1.ru_stime - use0.ru_stime)
-            digests.append(digest)
-        if exact is not None and bound is not None and digest not in checked:
-            checked.add(digest)
-            call_ok, call_err = check_result(buf, exact, bound, block)
-            ok, max_err = ok and call_ok, max(max_err, call_err)
-        if call % 50 == 49:  # progress: every stdout line resets the launcher's stall timer
-            print(f"call {call + 1} of {warmup + calls} done ({numel} elements)", flush=True)
-    timed_rounds = _rounds(pg)
-    switch1 = process_cpu(switch) if switch is not None else None
-    out: dict[str, Any] = {
-        "numel": numel, "op": "allreduce" if op == "sum" else op, "times": times, "cpu_user": cpu_user, "cpu_sys": cpu_sys,
-        "digests": digests,
-        "load_avg": list(load), "first_call_rounds": first_rounds,
-        "rounds_per_call": (None if timed_rounds is None or timed_rounds0 is None
-                            else (timed_rounds - timed_rounds0) / calls),
-        "switch_cpu_s_per_call": (None if switch0 is None or switch1 is None
-                                  else (sum(switch1) - sum(switch0)) / calls),
-    }
-    if rank == 0:
-        out.update(within_bound=ok, max_abs_err=max_err, distinct_results=len(checked))
-    return out
-
-
-def one_barrier(pg: Any, calls: int, warmup: int) -> dict[str, Any]:
-    """Time ``warmup + calls`` calls of ``dist.barrier()``, back to back whatever the pace (a barrier
-    before a barrier would only double it); the rank's report, as :func:`one_size`'s with 0 elements
-    (homagg: the group's switch rounds during the barriers)."""
+def _time_calls(pg: Any, calls: int, warmup: int, call: Callable[[int], None],
+                before: Callable[[int], None] | None = None, after: Callable[[int], None] | None = None,
+                label: str = "") -> dict[str, Any]:
+    """``warmup + calls`` calls of ``call(i)``, each between ``before(i)`` and ``after(i)`` (untimed);
+    the timed calls' wall and CPU times, the first call's and the timed calls' own rounds (homagg),
+    the emulator's CPU per timed call (rank 0) and the load before: the report's common part."""
     import torch.distributed as dist
 
     load = os.getloadavg()
@@ -136,31 +67,92 @@ def one_barrier(pg: Any, calls: int, warmup: int) -> dict[str, Any]:
     times: list[float] = []
     cpu_user: list[float] = []
     cpu_sys: list[float] = []
-    rounds0 = _rounds(pg)
-    first_rounds = timed_rounds0 = switch0 = None
-    for call in range(warmup + calls):
-        if call == warmup:
-            timed_rounds0 = _rounds(pg)
+    first_rounds, timed_rounds, switch0 = None, 0, None  # rounds: the call's own (not a paced barrier's)
+    for i in range(warmup + calls):
+        if i == warmup:
             switch0 = process_cpu(switch) if switch is not None else None
+        if before is not None:
+            before(i)
+        rounds0 = _rounds(pg)
         use0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
-        dist.barrier()
+        call(i)
         elapsed = time.perf_counter() - t0
         use1 = resource.getrusage(resource.RUSAGE_SELF)
-        if call == 0 and rounds0 is not None:
-            first_rounds = _rounds(pg) - rounds0  # type: ignore[operator]
-        if call >= warmup:
+        rounds = None if rounds0 is None else _rounds(pg) - rounds0  # type: ignore[operator]
+        if i == 0:
+            first_rounds = rounds
+        if i >= warmup:
             times.append(elapsed)
             cpu_user.append(use1.ru_utime - use0.ru_utime)
             cpu_sys.append(use1.ru_stime - use0.ru_stime)
-    timed_rounds = _rounds(pg)
+            timed_rounds = None if rounds is None or timed_rounds is None else timed_rounds + rounds
+        if after is not None:
+            after(i)
+        if i % 50 == 49:  # progress: every stdout line resets the launcher's stall timer
+            print(f"call {i + 1} of {warmup + calls} done{label}", flush=True)
     switch1 = process_cpu(switch) if switch is not None else None
-    return {"numel": 0, "op": "barrier", "times": times, "cpu_user": cpu_user, "cpu_sys": cpu_sys, "digests": [],
-            "load_avg": list(load), "first_call_rounds": first_rounds,
-            "rounds_per_call": (None if timed_rounds is None or timed_rounds0 is None
-                                else (timed_rounds - timed_rounds0) / calls),
+    return {"times": times, "cpu_user": cpu_user, "cpu_sys": cpu_sys, "load_avg": list(load),
+            "first_call_rounds": first_rounds,
+            "rounds_per_call": None if timed_rounds is None else timed_rounds / calls,
             "switch_cpu_s_per_call": (None if switch0 is None or switch1 is None
-                                      else (sum(switch1) - sum(switch0)) / calls),
+                                      else (sum(switch1) - sum(switch0)) / calls)}
+
+
+def one_size(pg: Any, numel: int, calls: int, warmup: int, fresh: bool, pace: Any, seed: int,
+             block: int, op: str = "sum") -> dict[str, Any]:
+    """Time ``warmup + calls`` all_reduces (``op``: sum, max or min) of ``numel`` fp32 elements
+    (``pace``: None, or the untimed barrier before each); the rank's report."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = make_tensor(numel, 1.0, rank, seed)
+    reduce_op = getattr(dist.ReduceOp, op.upper())
+    if op == "sum":
+        exact, bound = oracle(numel, 1.0, world, seed, block) if rank == 0 else (None, None)
+    else:  # MAX/MIN: one rank's value, exactly (the bound 0)
+        stack = torch.stack([make_tensor(numel, 1.0, r, seed) for r in range(world)]) if rank == 0 else None
+        exact = None if stack is None else (stack.amax(0) if op == "max" else stack.amin(0)).double()
+        bound = None if exact is None else torch.zeros(-(-numel // block), dtype=torch.float64)
+    digests: list[str] = []
+    checked: set[str] = set()
+    state = {"ok": True, "max_err": 0.0, "buf": x.clone()}
+    same = state["buf"]
+
+    def before(i: int) -> None:
+        if fresh:
+            state["buf"] = x.clone()
+        else:
+            same.copy_(x)
+        if pace is not None:
+            pace()
+
+    def after(i: int) -> None:
+        buf = state["buf"]
+        digest = hashlib.blake2b(buf.numpy()).hexdigest()
+        if i >= warmup:
+            digests.append(digest)
+        if exact is not None and bound is not None and digest not in checked:
+            checked.add(digest)
+            call_ok, call_err = check_result(buf, exact, bound, block)
+            state["ok"], state["max_err"] = state["ok"] and call_ok, max(state["max_err"], call_err)
+
+    timed = _time_calls(pg, calls, warmup, lambda i: dist.all_reduce(state["buf"], op=reduce_op), before, after,
+                        f" ({numel} elements)")
+    out: dict[str, Any] = {"numel": numel, "op": "allreduce" if op == "sum" else op, **timed, "digests": digests}
+    if rank == 0:
+        out.update(within_bound=state["ok"], max_abs_err=state["max_err"], distinct_results=len(checked))
+    return out
+
+
+def one_barrier(pg: Any, calls: int, warmup: int) -> dict[str, Any]:
+    """Time ``warmup + calls`` calls of ``dist.barrier()``, back to back whatever the pace (a barrier
+    before a barrier would only double it); the rank's report, as :func:`one_size`'s with 0 elements
+    (homagg: the barrier is one switch round)."""
+    import torch.distributed as dist
+
+    timed = _time_calls(pg, calls, warmup, lambda i: dist.barrier(), label=" (barrier)")
+    return {"numel": 0, "op": "barrier", **timed, "digests": [],
             "within_bound": True, "max_abs_err": 0.0, "distinct_results": 0}
 
 

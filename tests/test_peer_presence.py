@@ -86,7 +86,9 @@ def test_a_round_waiting_for_a_dead_rank_ends_within_a_second(switch, native: bo
 def test_a_patient_barrier_waits_for_a_late_rank_and_keeps_the_timers(switch, native: bool) -> None:
     """Rank 1 enters the barrier 1.5 s after rank 0, past the port's 0.5 s progress timeout: inside
     ``patient`` rank 0 waits for it, leaves only after it entered, and its RTO estimator and window
-    are as before; outside, the same wait times out."""
+    are as before; outside, the same wait times out (SwitchTimeoutError); a patient wait for a rank
+    that never comes ends at its own timeout with RankTimeoutError naming that rank (the switch
+    says whom it has not heard from)."""
     job, ports = _ports(switch, 2, native, k=64, slots=8, timeout=0.5)  # (rank 1's: 10 s)
     try:
         for _ in range(5):
@@ -111,8 +113,13 @@ def test_a_patient_barrier_waits_for_a_late_rank_and_keeps_the_timers(switch, na
                                          (window, vars(port.window), ("reductions", "undos"))):
                 assert {k: v for k, v in now.items() if k not in counters} == \
                        {k: v for k, v in saved.items() if k not in counters}
-        with pytest.raises(SwitchTimeoutError):  # not patient: rank 1 never comes
+        with pytest.raises(SwitchTimeoutError) as caught:  # not patient: rank 1 never comes
             _barrier.barrier(ports[0])
+        assert not isinstance(caught.value, RankTimeoutError)
+        t0 = time.monotonic()
+        with pytest.raises(RankTimeoutError, match=r"worker\(s\) \[1\] did not arrive") as caught, ports[0].patient(1.5):
+            _barrier.barrier(ports[0])  # patient, and rank 1 (alive: no presence watch says otherwise) never comes
+        assert caught.value.ranks == (1,) and caught.value.missing == [1] and time.monotonic() - t0 >= 1.5
     finally:
         for port in ports:
             port.close()

@@ -142,3 +142,16 @@ def test_a_rank_late_for_the_barrier_is_waited_for() -> None:
     for rank, res in enumerate(results):
         assert res["path"] == "switch" and res["transitions"] == [] and res["warnings"] == [], (rank, res)
         assert res["rto_after"] == res["rto"] and res["after"] == [3.0] * 3, (rank, res)
+
+
+def test_a_rank_that_never_comes_to_the_barrier_is_named_at_the_group_timeout() -> None:
+    """Rank 1 is alive but never enters the barrier: rank 0's barrier raises RankTimeoutError
+    (a RuntimeError too, as gloo's timeout is) naming rank 1 at the group's timeout (4 s), past
+    the switch's (1 s), and once: no fallback to the host path (which would wait a second time)."""
+    results, _ = launch("absent_barrier.py", 2, env={"HOMAGG_TIMEOUT": "1", "GROUP_TIMEOUT_S": "4"}, timeout=120)
+    res = results[0]
+    error = res["error"]
+    assert error is not None and error["type"] == "RankTimeoutError" and error["ranks"] == [1], res
+    assert error["is_runtime_error"] and "did not arrive" in error["message"], error
+    assert 4.0 <= res["seconds"] < 7.0, res
+    assert res["warnings"] == [] and res["transitions"] == [], res

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..wire import FLAG_RETRANSMIT, TAG_MASK, set_flags
 from ._datapath import Round
+from .._errors import RankTimeoutError
 from ._stall import stall_error
 
 __all__ = ["RoundLoop", "DUPTHRESH", "SCAN_SLICE_S"]
@@ -155,10 +156,18 @@ class RoundLoop:
         g = r.seq0 + oldest
         j, off = int(r.table[oldest, 0]), int(r.table[oldest, 1])
         addr = port.switch_addr
-        return stall_error(port._ctl, job.job_id, port.rank, stalled_s, job.slot_base + g % job.n_slots,
-                           (g // job.n_slots) & 1, self.names[j], off, len(pending), self.stats.get("refused", 0),
-                           gone=None if gone is None else gone if ranks else f"the switch at {addr[0]}:{addr[1]} {gone}",
-                           ranks=ranks)
+        err = stall_error(port._ctl, job.job_id, port.rank, stalled_s, job.slot_base + g % job.n_slots,
+                          (g // job.n_slots) & 1, self.names[j], off, len(pending), self.stats.get("refused", 0),
+                          gone=None if gone is None else gone if ranks else f"the switch at {addr[0]}:{addr[1]} {gone}",
+                          ranks=ranks)
+        missing = getattr(err, "missing", None)
+        if gone is None and port.patient_wait and missing:  # a patient wait (a barrier) for live ranks that never came
+            flat = port.world_size == job.world_size  # worker index == group rank (not a tree's leaf)
+            late = RankTimeoutError(f"{err} (a patient wait: worker(s) {missing} did not arrive within its "
+                                    f"timeout of {port.timeout:.1f}s)", tuple(missing) if flat else ())
+            late.job_id, late.slot, late.missing = err.job_id, err.slot, missing  # type: ignore[attr-defined]
+            return late
+        return err
 
     # ---------------------------------------------------------------- the reference loop
     def fill(self, now: float) -> bool:

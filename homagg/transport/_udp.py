@@ -175,6 +175,7 @@ class UdpSwitchPort(SwitchPort):
         #: the process group's peers' presence (:mod:`._peers`): a stalled round names a dead rank
         #: within about a second; None: not watched (the progress timeout decides)
         self.peers: PeerWatch | None = None
+        self.patient_wait = False  #: inside :meth:`patient`
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.msock: socket.socket | None = None  # the result group's socket, when subscribed
         # the send buffer (32 MB) holds a whole window of datagrams: the window, not the buffer,
@@ -375,15 +376,16 @@ class UdpSwitchPort(SwitchPort):
 
     @contextlib.contextmanager
     def patient(self, timeout_s: float) -> Iterator[None]:
-        """:meth:`SwitchPort.patient`: the progress timeout raised to ``timeout_s``; the RTO
-        estimator and the congestion window as they were before, afterwards (their counters keep
-        what happened)."""
+        """:meth:`SwitchPort.patient`: the progress timeout raised to ``timeout_s`` (reached while the
+        switch says which workers it has not heard from: :class:`~homagg.RankTimeoutError` naming
+        them); the RTO estimator and the congestion window as they were before, afterwards (their
+        counters keep what happened)."""
         saved_timeout, rtt, window = self.timeout, copy.copy(self.rtt), copy.copy(self.window)
-        self.timeout = max(saved_timeout, timeout_s)
+        self.timeout, self.patient_wait = max(saved_timeout, timeout_s), True
         try:
             yield
         finally:
-            self.timeout = saved_timeout
+            self.timeout, self.patient_wait = saved_timeout, False
             _restore(self.rtt, rtt, ("samples", "backoffs"))
             _restore(self.window, window, ("reductions", "undos"))
             self._sync_rtt_stats()

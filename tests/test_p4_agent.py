@@ -2,7 +2,7 @@
 probe's question "does the switch still hold this job?" from its own job list.
 
 A worker whose round stalls asks, once a second after 2 s, ``status`` with ``jobs_only``
-(:meth:`homagg.transport.UdpSwitchPort._job_known`).  The agent answers it without a P4Runtime
+(:func:`homagg.transport._liveness.job_sighting`).  The agent answers it without a P4Runtime
 session (before, every probe opened one and read every counter of the switch).  Oracles: the
 agent's count of P4Runtime sessions; the answer while the switch's P4Runtime server cannot be
 reached; and, with a real ``simple_switch_grpc`` (marker ``bmv2``), a job removed while a worker's
@@ -28,6 +28,7 @@ import homagg
 from homagg import ConfigError, SwitchTimeoutError
 from homagg.p4 import SwitchConfig
 from homagg.transport import ControlClient, UdpSwitchPort
+from homagg.transport._liveness import job_sighting
 from tests._dist_scripts._launch import free_port
 from topologies.bmv2_agent import Bmv2ControlAgent
 
@@ -106,7 +107,7 @@ def test_stalled_round_learns_its_job_was_removed_without_p4runtime(tmp_path: Pa
             job = client.admit(world_size=1, n_slots=4, words_per_packet=8)
             port = UdpSwitchPort(sink.getsockname(), job=job, rank=0, control=addr, secret=secret, timeout=30)
             try:
-                assert port._job_known().held is True
+                assert job_sighting(port._ctl, port.job).held is True
                 sessions = agent.p4runtime_sessions  # admit and register wrote the switch
                 remove_at = 4.5  # meanwhile the probe asks several times (the job is still there)
 
@@ -124,7 +125,7 @@ def test_stalled_round_learns_its_job_was_removed_without_p4runtime(tmp_path: Pa
                 assert remove_at < took < remove_at + 3.0, took
                 assert port._liveness.job_probes >= 3
                 assert agent.p4runtime_sessions == sessions + 1  # the remove, no probe
-                assert port._job_known().held is False
+                assert job_sighting(port._ctl, port.job).held is False
             finally:
                 port.close()
 

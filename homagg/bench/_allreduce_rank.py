@@ -120,6 +120,18 @@ def _counters(pg: Any) -> Counters | None:
     return int(stats.rounds), int(stats.bytes_sent), retrans, int(stats.segments)
 
 
+def _increase(before: Counters, after: Counters) -> Counters:
+    """How much each counter grew from ``before`` to ``after``."""
+    retx = None if before[2] is None or after[2] is None else {k: after[2][k] - before[2][k] for k in RETX_KEYS}
+    return after[0] - before[0], after[1] - before[1], retx, after[3] - before[3]
+
+
+def _total(moved: list[Counters]) -> Counters:
+    """The sum of counter increases (None retransmission counters where any is None)."""
+    retx = None if any(m[2] is None for m in moved) else {k: sum(m[2][k] for m in moved) for k in RETX_KEYS}  # type: ignore[index]
+    return sum(m[0] for m in moved), sum(m[1] for m in moved), retx, sum(m[3] for m in moved)
+
+
 def switch_pid(pg: Any) -> int | None:
     """The pid of the switch emulator process a homagg group aggregates through, where the
     benchmark started it: :data:`~homagg.bench._cpu.SWITCH_PID_ENV` (``bench net``: the emulator
@@ -188,21 +200,23 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
     ok, max_err = True, 0.0
     read_counters = counters if counters is not None else lambda: _counters(pg)
     call_once = reduce if reduce is not None else _reduce
-    before = read_counters()
+    moved_counters: list[Counters] = []  # each timed call's own (not the barriers' around it: switch rounds)
     bytes_before: dict[str, int] = {}
     for call in range(1 + repeats):
-        if call == 1:
-            before = read_counters()  # stats of the timed calls only (the warm-up is call 0)
         buf = x.clone()
         sw0 = _cpu_of(switches) if switches is not None else None
         if call == 1 and traffic is not None and rank == 0:
             bytes_before = traffic()
         dist.barrier()
+        c0 = read_counters() if call else None  # stats of the timed calls only (the warm-up is call 0)
         use0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         buf = call_once(buf)
         elapsed = time.perf_counter() - t0
         use1 = resource.getrusage(resource.RUSAGE_SELF)
+        c1 = read_counters() if call else None
+        if c0 is not None and c1 is not None:
+            moved_counters.append(_increase(c0, c1))
         # Every rank has finished the timed call before any rank checks or digests its result: on a
         # shared host a fast rank's checking would otherwise steal CPU from a rank still in the call.
         dist.barrier()
@@ -230,7 +244,7 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
         print(f"call {call} of {repeats} done ({numel} elements, density {density})", flush=True)
     moved = {k: (v - bytes_before[k]) / max(1, repeats) for k, v in traffic().items()} \
         if traffic is not None and rank == 0 else None
-    after = read_counters()
+    total = _total(moved_counters) if len(moved_counters) == repeats else None
     out: dict[str, Any] = {"numel": numel, "density": density, "times": times, "cpu": cpu, "cpu_user": cpu_user,
                            "cpu_sys": cpu_sys, "faults": faults, "switch_cpu": switch_cpu,
                            "digests": digests, "traffic": moved,
@@ -238,10 +252,9 @@ def _one_config(pg: Any, numel: int, density: float, repeats: int, seed: int, bl
                            **dict.fromkeys(RETX_KEYS)}
     if sparse:
         out["bytes"] = repeats * sparse_allgather_bytes(int(x._nnz()), world)
-    if before is not None and after is not None:
-        out.update(rounds=after[0] - before[0], bytes=after[1] - before[1], segments=after[3] - before[3],
-                   **{k: None if after[2] is None or before[2] is None else after[2][k] - before[2][k]
-                      for k in RETX_KEYS})
+    if total is not None:
+        out.update(rounds=total[0], bytes=total[1], segments=total[3],
+                   **{k: None if total[2] is None else total[2][k] for k in RETX_KEYS})
     stats = getattr(pg, "stats", None)
     if stats is not None:  # the group's calls per path so far (switch / host after a switch failure)
         out.update(paths=dict(stats.paths), path_transitions=sum(1 for t in stats.transitions if t["from"] != t["to"]))

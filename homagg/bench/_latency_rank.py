@@ -54,11 +54,18 @@ def _rounds(pg: Any) -> int | None:
     return None if stats is None else int(stats.rounds)
 
 
+def _port_rounds(pg: Any) -> int | None:
+    """The rounds a homagg group's switch port ran (its barriers' too, which ``pg.stats`` leaves out)."""
+    stats = getattr(getattr(getattr(pg, "switch", None), "port", None), "stats", None) if hasattr(pg, "stats") else None
+    return int(stats["rounds"]) if isinstance(stats, dict) else None
+
+
 def _time_calls(pg: Any, calls: int, warmup: int, call: Callable[[int], None],
                 before: Callable[[int], None] | None = None, after: Callable[[int], None] | None = None,
-                label: str = "") -> dict[str, Any]:
+                label: str = "", count: Callable[[Any], int | None] = _rounds) -> dict[str, Any]:
     """``warmup + calls`` calls of ``call(i)``, each between ``before(i)`` and ``after(i)`` (untimed);
-    the timed calls' wall and CPU times, the first call's and the timed calls' own rounds (homagg),
+    the timed calls' wall and CPU times, the first call's and the timed calls' own rounds (homagg:
+    ``count``),
     the emulator's CPU per timed call (rank 0) and the load before: the report's common part."""
     import torch.distributed as dist
 
@@ -73,13 +80,13 @@ def _time_calls(pg: Any, calls: int, warmup: int, call: Callable[[int], None],
             switch0 = process_cpu(switch) if switch is not None else None
         if before is not None:
             before(i)
-        rounds0 = _rounds(pg)
+        rounds0 = count(pg)
         use0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         call(i)
         elapsed = time.perf_counter() - t0
         use1 = resource.getrusage(resource.RUSAGE_SELF)
-        rounds = None if rounds0 is None else _rounds(pg) - rounds0  # type: ignore[operator]
+        rounds = None if rounds0 is None else count(pg) - rounds0  # type: ignore[operator]
         if i == 0:
             first_rounds = rounds
         if i >= warmup:
@@ -151,7 +158,7 @@ def one_barrier(pg: Any, calls: int, warmup: int) -> dict[str, Any]:
     (homagg: the barrier is one switch round)."""
     import torch.distributed as dist
 
-    timed = _time_calls(pg, calls, warmup, lambda i: dist.barrier(), label=" (barrier)")
+    timed = _time_calls(pg, calls, warmup, lambda i: dist.barrier(), label=" (barrier)", count=_port_rounds)
     return {"numel": 0, "op": "barrier", **timed, "digests": [],
             "within_bound": True, "max_abs_err": 0.0, "distinct_results": 0}
 

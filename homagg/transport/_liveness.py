@@ -53,8 +53,11 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["Liveness", "JobSighting", "control_silent"]
+from .._errors import HomAggError
+
+__all__ = ["Liveness", "JobSighting", "control_silent", "job_sighting"]
 
 
 @dataclass(frozen=True)
@@ -181,3 +184,24 @@ class Liveness:
                 f"sent {sent - base.sent} again (the job's count stayed at {seen.packets}; the switch's counters "
                 f"meanwhile: {shown})")
 
+
+def job_sighting(ctl: Any, job: Any) -> JobSighting:
+    """What the switch's status says of ``job`` (a :class:`~homagg.jobs.JobSpec`), asked over the
+    port's control client ``ctl``: does it still hold it (its id and token), and, where it counts
+    them, how many of the job's datagrams it accepted, with its counters (the emulator; total loss
+    is found with them).  One control request, ``status`` with ``jobs_only`` (the emulator answers
+    its status, BMv2's control agent its job list without a P4Runtime session).  ``held`` is None
+    when it cannot tell (no job list in the answer, an error)."""
+    try:
+        status = ctl.request("status", jobs_only=True)
+    except HomAggError:
+        return JobSighting(None)
+    jobs = status.get("jobs")
+    if not isinstance(jobs, list) or not all(isinstance(j, dict) for j in jobs):
+        return JobSighting(None)
+    mine = [j for j in jobs if j.get("job_id") == job.job_id and j.get("token") == job.token]
+    if not mine:
+        return JobSighting(False)
+    packets, counters = mine[0].get("packets"), status.get("counters")
+    return JobSighting(True, packets if isinstance(packets, int) else None,
+                       {k: v for k, v in counters.items() if isinstance(v, int)} if isinstance(counters, dict) else {})

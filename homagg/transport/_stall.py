@@ -4,15 +4,21 @@ It names the job, the oldest pending slot, bank, stream and offset, and, asked o
 port when there is one, whether the switch holds the complete result (then results to this worker
 are being lost) or which workers it has not heard from for that slot.  The error carries those
 as attributes ``job_id``, ``slot``, ``bank``, ``offset``, ``stream``, ``missing`` (list or None).
+
+:func:`patient_wait` is a port's longer wait (a barrier's): its progress timeout raised for the
+round, its timers restored afterwards.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+from collections.abc import Iterator
 from typing import Any
 
 from .._errors import RankTimeoutError, SwitchTimeoutError
 
-__all__ = ["stall_error"]
+__all__ = ["stall_error", "patient_wait"]
 
 
 def stall_error(ctl: Any, job_id: int, rank: int, stalled_s: float, slot: int, bank: int, stream: str, offset: int,
@@ -53,3 +59,25 @@ def stall_error(ctl: Any, job_id: int, rank: int, stalled_s: float, slot: int, b
     err.job_id, err.slot, err.bank, err.offset, err.stream, err.missing = (  # type: ignore[attr-defined]
         job_id, slot, bank, offset, stream, missing)
     return err
+
+
+@contextlib.contextmanager
+def patient_wait(port: Any, timeout_s: float) -> Iterator[None]:
+    """A UDP port's :meth:`~homagg.transport.SwitchPort.patient`: its progress timeout raised to
+    ``timeout_s`` (reached while the switch says which workers it has not heard from:
+    :class:`~homagg.RankTimeoutError` naming them, see :mod:`._roundloop`); its RTO estimator and
+    congestion window as they were before, afterwards (their counters keep what happened)."""
+    saved_timeout, rtt, window = port.timeout, copy.copy(port.rtt), copy.copy(port.window)
+    port.timeout, port.patient_wait = max(saved_timeout, timeout_s), True
+    try:
+        yield
+    finally:
+        port.timeout, port.patient_wait = saved_timeout, False
+        _restore(port.rtt, rtt, ("samples", "backoffs"))
+        _restore(port.window, window, ("reductions", "undos"))
+        port._sync_rtt_stats()
+
+
+def _restore(obj: Any, saved: Any, counters: tuple[str, ...]) -> None:
+    """``obj``'s state as ``saved`` holds it, but for its ``counters``."""
+    obj.__dict__.update({k: v for k, v in vars(saved).items() if k not in counters})

@@ -58,6 +58,9 @@ Never hangs: when no chunk completes for ``timeout`` seconds, :class:`~homagg.Sw
 is raised naming the job, the oldest pending slot/bank/offset and the workers the switch has not
 heard from for it (asked over the control port when ``control`` is given).  The error object has
 attributes ``job_id``, ``slot``, ``bank``, ``offset``, ``stream``, ``missing`` (list or None).
+Inside :meth:`UdpSwitchPort.patient` (a barrier) that timeout is the caller's, and a peer rank
+known dead (:attr:`UdpSwitchPort.peers`: :mod:`._peers`) ends a stalled round within about a
+second with :class:`~homagg.RankTimeoutError` naming it.
 
 Usage (one process per worker; job admitted once by anyone, e.g. rank 0)::
 
@@ -71,16 +74,15 @@ Usage (one process per worker; job admitted once by anyone, e.g. rank 0)::
 from __future__ import annotations
 
 import contextlib
-import copy
 import socket
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from .._errors import ConfigError, HomAggError
+from .._errors import ConfigError
 from ..jobs import JobSpec
 from ..wire import CombineOp, datagram_len
 from ._base import CheckOnce, OwnRound, Stream, SwitchPort, array_lengths
@@ -88,10 +90,11 @@ from ._control import ControlClient, parse_addr
 from . import _fastpath as fastpath
 from .._buffers import spare_int32
 from ._sockets import join_results_group, send_datagram, set_buffers
-from ._liveness import JobSighting, Liveness
+from ._liveness import Liveness, job_sighting
 from ._peers import PeerWatch
 from ._rto import INITIAL_RTO_S, MAX_RTO_S, MIN_RTO_S, RtoEstimator
 from ._roundloop import DUPTHRESH
+from ._stall import patient_wait
 from ._roundplan import OWN_WORDS, PLANS, SMALL_WORDS, RoundPlan
 from ._window import INITIAL_WINDOW, CongestionWindow
 
@@ -171,7 +174,7 @@ class UdpSwitchPort(SwitchPort):
         self.window = CongestionWindow(job.n_slots, window)
         self._ctl = ControlClient(control, timeout=min(timeout, 10.0), secret=secret) if control is not None else None
         self._liveness = Liveness(parse_addr(control) if control is not None else None,
-                                  job_known=self._job_known if self._ctl is not None else None)
+                                  job_known=(lambda: job_sighting(self._ctl, self.job)) if self._ctl is not None else None)
         #: the process group's peers' presence (:mod:`._peers`): a stalled round names a dead rank
         #: within about a second; None: not watched (the progress timeout decides)
         self.peers: PeerWatch | None = None
@@ -352,43 +355,9 @@ class UdpSwitchPort(SwitchPort):
              at: tuple[list[int], list[int]] | None = None) -> None:
         plan.run(self, srcs, outs, names, verify, fills, at)
 
-    def _job_known(self) -> JobSighting:
-        """What the switch's status says of this job: does it still hold it (its id and token), and,
-        where it counts them, how many of the job's datagrams it accepted, with its counters (the
-        emulator; :mod:`._liveness` finds total loss with them).  One control request, ``status``
-        with ``jobs_only`` (the emulator answers its status, BMv2's control agent its job list
-        without a P4Runtime session).  ``held`` is None when it cannot tell (no job list in the
-        answer, an error)."""
-        assert self._ctl is not None
-        try:
-            status = self._ctl.request("status", jobs_only=True)
-        except HomAggError:
-            return JobSighting(None)
-        jobs = status.get("jobs")
-        if not isinstance(jobs, list) or not all(isinstance(j, dict) for j in jobs):
-            return JobSighting(None)
-        mine = [j for j in jobs if j.get("job_id") == self.job.job_id and j.get("token") == self.job.token]
-        if not mine:
-            return JobSighting(False)
-        packets, counters = mine[0].get("packets"), status.get("counters")
-        return JobSighting(True, packets if isinstance(packets, int) else None,
-                           {k: v for k, v in counters.items() if isinstance(v, int)} if isinstance(counters, dict) else {})
-
-    @contextlib.contextmanager
-    def patient(self, timeout_s: float) -> Iterator[None]:
-        """:meth:`SwitchPort.patient`: the progress timeout raised to ``timeout_s`` (reached while the
-        switch says which workers it has not heard from: :class:`~homagg.RankTimeoutError` naming
-        them); the RTO estimator and the congestion window as they were before, afterwards (their
-        counters keep what happened)."""
-        saved_timeout, rtt, window = self.timeout, copy.copy(self.rtt), copy.copy(self.window)
-        self.timeout, self.patient_wait = max(saved_timeout, timeout_s), True
-        try:
-            yield
-        finally:
-            self.timeout, self.patient_wait = saved_timeout, False
-            _restore(self.rtt, rtt, ("samples", "backoffs"))
-            _restore(self.window, window, ("reductions", "undos"))
-            self._sync_rtt_stats()
+    def patient(self, timeout_s: float) -> contextlib.AbstractContextManager[None]:
+        """:meth:`SwitchPort.patient`, as :func:`._stall.patient_wait` keeps it."""
+        return patient_wait(self, timeout_s)
 
     def _sync_rtt_stats(self) -> None:
         est = self.rtt
@@ -416,7 +385,3 @@ class UdpSwitchPort(SwitchPort):
         if self._ctl is not None:
             self._ctl.close()
 
-
-def _restore(obj: Any, saved: Any, counters: tuple[str, ...]) -> None:
-    """``obj``'s state as ``saved`` holds it, but for its ``counters``."""
-    obj.__dict__.update({k: v for k, v in vars(saved).items() if k not in counters})

@@ -86,10 +86,11 @@ class _Star:
             raise
 
     def run(self, name: str, env: dict[str, str], timeout: float = 300.0, data_net: bool = False,
-            operator: Callable[[Path, threading.Event], None] | None = None) -> tuple[list[dict[str, Any]], float]:
-        """Run the DDP rank script on every host; its per-rank results and the seconds it took.
-        ``operator(progress file, done)`` runs in a thread meanwhile; ``data_net``: the store and gloo
-        use the data network (through BMv2) instead of the management network."""
+            operator: Callable[[Path, threading.Event], None] | None = None,
+            script: Path = SCRIPT) -> tuple[list[dict[str, Any]], float]:
+        """Run ``script`` (the DDP rank script) on every host; its per-rank results and the seconds it
+        took.  ``operator(progress file, done)`` runs in a thread meanwhile; ``data_net``: the store and
+        gloo use the data network (through BMv2) instead of the management network."""
         from topologies._deploy import REPO_ROOT, python_env
         from topologies._mgmt import IFACE
 
@@ -109,7 +110,7 @@ class _Star:
             logs.append(log)
             env_r = {**base, "RANK": str(r), "LOCAL_RANK": str(r),
                      "GLOO_SOCKET_IFNAME": site.intf if data_net else IFACE}
-            procs.append(site.host.popen([sys.executable, str(SCRIPT)], stdout=log, stderr=subprocess.STDOUT,
+            procs.append(site.host.popen([sys.executable, str(script)], stdout=log, stderr=subprocess.STDOUT,
                                          cwd=str(REPO_ROOT), env=env_r))
         self.dep.procs.extend(procs)
         done = threading.Event()
@@ -254,3 +255,22 @@ def _tensor(d: dict[str, Any]) -> Any:
     from tests._dist_scripts._launch import tensor_from_json
 
     return tensor_from_json(d)
+
+
+def test_a_dead_rank_is_named_across_bmv2(star: _Star, record_property: Callable[..., None]) -> None:
+    """Rank 1's process exits after a barrier; rank 0's next barrier (a switch round that would wait
+    up to the group's timeout for a late rank) raises RankTimeoutError naming rank 1 within seconds:
+    its probes cross BMv2 (``l2_forward``) to rank 1's presence socket on the other Mininet host,
+    whose kernel answers ICMP port unreachable back through BMv2."""
+    assert star.agent is not None
+    star.agent.gate = True
+    results, seconds = star.run("dead-rank", {"HOMAGG_TIMEOUT": "30"},
+                                script=Path(__file__).resolve().parent / "_dist_scripts" / "dead_rank_barrier.py")
+    res = results[0]
+    assert res["sum"] == results[1]["sum"] == [2.0] * 4, results
+    error = res["error"]
+    assert error is not None and error["type"] == "RankTimeoutError" and error["ranks"] == [1], res
+    assert "rank(s) 1 of the group are gone" in error["message"] and res["seconds"] < 5.0, res
+    assert res["probes"] >= 1 and res["path"] == "switch", res
+    record_property("homagg_report", f"BMv2 star, {WORLD} ranks: a dead rank named by the barrier after "
+                                     f"{res['seconds']:.2f}s ({res['probes']} presence probes)")

@@ -14,7 +14,7 @@ import switch_emulator
 from homagg import RankMismatchError, RankTimeoutError, SwitchTimeoutError
 from homagg.codec import WorkerStats, _barrier, _extremum
 from homagg.testing import on_threads
-from homagg.transport import CombineOp, ControlClient, InProcessSwitch
+from homagg.transport import CombineOp, ControlClient, InProcessSwitch, UdpSwitchPort
 from homagg.transport._fastpath import AVAILABLE as DATAPATH
 from homagg.transport._peers import PeerWatch, presence_socket
 from tests.test_transport_small_rounds import _ports
@@ -80,6 +80,39 @@ def test_a_round_waiting_for_a_dead_rank_ends_within_a_second(switch, native: bo
                 port.peers.close()
             port.close()
         ControlClient(switch.control_addr).remove(job.job_id)
+
+
+@pytest.mark.parametrize("native", LOOPS)
+def test_a_dead_rank_whose_words_the_switch_holds_is_not_blamed(native: bool) -> None:
+    """Worker 0 gets no results (muted at the switch) while worker 1, whose words the switch
+    already holds, dies: worker 0's stall is no dead rank's doing, and its error says what the
+    switch says (it has the complete result), not RankTimeoutError."""
+    with switch_emulator.spawn(allow_faults=True) as sw:
+        with ControlClient(sw.control_addr, secret=sw.secret) as ctl:
+            job = ctl.admit(2, n_slots=8, words_per_packet=64)
+            ctl.set_faults(mute=[0])
+        ports = [UdpSwitchPort(sw.data_addr, rank=r, job=job, control=sw.control_addr, secret=sw.secret,
+                               native=native, timeout=t, multicast=False) for r, t in ((0, 2.5), (1, 10.0))]
+        gone = presence_socket("127.0.0.1")
+        ports[0].peers = PeerWatch({1: gone.getsockname()})
+        try:
+            def rank(r: int) -> str:
+                try:
+                    _one_round(ports[r])
+                except SwitchTimeoutError as exc:
+                    return type(exc).__name__ + ": " + str(exc)
+                if r == 1:
+                    gone.close()  # worker 1 got its result and died
+                return "done"
+
+            outcome = on_threads(rank, 2)
+            assert outcome[1] == "done", outcome
+            assert outcome[0].startswith("SwitchTimeoutError") and "the switch has the complete result" in outcome[0]
+            assert ports[0].peers.sent >= 2  # the watch did find rank 1 gone, and asked the switch
+        finally:
+            ports[0].peers.close()
+            for port in ports:
+                port.close()
 
 
 @pytest.mark.parametrize("native", LOOPS)

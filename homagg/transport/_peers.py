@@ -14,6 +14,10 @@ last probes brought back and sends one byte to each peer's presence socket, each
 UDP socket of its own.  A closed presence socket (the rank's process is gone, or its group was shut
 down) answers with ICMP port unreachable, which the connected socket reports as ``ECONNREFUSED``.
 
+The port's round loop then asks the switch (over its control port, where it has one) whether it
+still waits for those ranks' words for the oldest pending chunk: a dead rank whose words it already
+holds is not what the round waits for (a lost result is; the round's timeout names it).
+
 Invariant: :meth:`PeerWatch.gone` names a rank only on that positive evidence.  A late rank, a rank
 on a host that does not answer (host down, ICMP filtered) or an unreachable network is never
 evidence: the round's own timeout decides then, as without the watch.  A stall shorter than

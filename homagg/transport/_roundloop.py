@@ -98,7 +98,7 @@ class RoundLoop:
             raise self._timeout_error(now - self.last_progress, gone)
         peers = port.peers
         left = peers.gone(now, now - self.last_progress) if peers is not None else None
-        if left is not None:
+        if left is not None and self._waits_for(peers.dead):
             port._seq = r.seq0 + r.total
             self.finish()
             raise self._timeout_error(now - self.last_progress, left, peers.dead)
@@ -146,18 +146,39 @@ class RoundLoop:
         rnd.ignored = rnd.probes = rnd.refused = 0
         port._sync_rtt_stats()
 
+    def _oldest(self) -> tuple[int, int, int, int]:
+        """(pending chunks, the oldest pending chunk's index, its slot, its bank)."""
+        r, job = self.r, self.port.job
+        pending = [c for c in r.cur if c >= 0]
+        oldest = min(pending)
+        g = r.seq0 + oldest
+        return len(pending), oldest, job.slot_base + g % job.n_slots, (g // job.n_slots) & 1
+
+    def _waits_for(self, dead: tuple[int, ...]) -> bool:
+        """Whether this round may still wait for one of the ``dead`` peer ranks: unless the switch
+        says (control port, a flat job: worker index = rank) that it has every one of their words
+        for the oldest pending chunk (then a lost result keeps the round waiting, not a dead rank;
+        the round's timeout names that).  Asking fails open: True."""
+        port = self.port
+        if port._ctl is None or port.world_size != port.job.world_size:
+            return True
+        _, _, slot, bank = self._oldest()
+        try:
+            missing = port._ctl.slot_status(port.job.job_id, slot)["banks"][bank]["missing"]
+        except Exception:  # noqa: BLE001 - cannot tell: the peers' evidence stands
+            return True
+        return any(rank in missing for rank in dead)
+
     def _timeout_error(self, stalled_s: float, gone: str | None, ranks: tuple[int, ...] = ()) -> Exception:
         """The stall's error: ``gone`` says why the switch (or, with ``ranks``, those peer ranks) is
         known gone, or None at the progress timeout."""
         r, port = self.r, self.port
         job = port.job
-        pending = [c for c in r.cur if c >= 0]
-        oldest = min(pending)
-        g = r.seq0 + oldest
+        pending, oldest, slot, bank = self._oldest()
         j, off = int(r.table[oldest, 0]), int(r.table[oldest, 1])
         addr = port.switch_addr
-        err = stall_error(port._ctl, job.job_id, port.rank, stalled_s, job.slot_base + g % job.n_slots,
-                          (g // job.n_slots) & 1, self.names[j], off, len(pending), self.stats.get("refused", 0),
+        err = stall_error(port._ctl, job.job_id, port.rank, stalled_s, slot, bank, self.names[j], off, pending,
+                          self.stats.get("refused", 0),
                           gone=None if gone is None else gone if ranks else f"the switch at {addr[0]}:{addr[1]} {gone}",
                           ranks=ranks)
         missing = getattr(err, "missing", None)

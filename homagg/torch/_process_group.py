@@ -4,9 +4,11 @@ A thin adapter.  Float SUM/AVG and int32/int64 SUM allreduces of dense and spars
 through the homagg codec (:func:`homagg.allreduce`) and the group's switch port (a sparse result
 is a coalesced COO tensor copied into the input, as gloo does: DDP's ``sparse=True`` embedding
 gradients take this path); a small synchronous MAX/MIN through the switch's MAX
-(:mod:`homagg.codec._extremum`; these tasks: :mod:`._switch_calls`); broadcast, allgather,
-``all_gather_single`` (``all_gather_into_tensor``), barrier and every other allreduce
-(PRODUCT/BAND..., other dtypes, sizes and layouts) run on a private gloo group.  All of
+(:mod:`homagg.codec._extremum`) and the barrier as one switch round (:mod:`homagg.codec._barrier`,
+patient with a late rank, a dead one named by its closed presence socket: :mod:`._presence`;
+these tasks: :mod:`._switch_calls`); broadcast, allgather, ``all_gather_single``
+(``all_gather_into_tensor``) and every other allreduce (PRODUCT/BAND..., other dtypes, sizes and
+layouts) run on a private gloo group.  All of
 these run on the group's :class:`~homagg.torch._work.FifoWorker`, in call order on every rank;
 a small synchronous codec allreduce issued outside backward runs in the caller's thread instead
 when the worker is idle, holding the worker's order (:mod:`._routing`: the hand-off and wake-up

@@ -26,7 +26,6 @@ evidence: the round's own timeout decides then, as without the watch.  A stall s
 
 from __future__ import annotations
 
-import errno
 import socket
 from collections.abc import Mapping
 
@@ -106,10 +105,10 @@ class PeerWatch:
         """Whether an ICMP port unreachable came back to this probe socket (reading clears it)."""
         try:
             sock.recv(16)  # nothing is ever sent back but errors; a datagram here is no evidence
-        except ConnectionRefusedError:
+        except ConnectionRefusedError:  # ECONNREFUSED
             return True
-        except OSError as exc:
-            return exc.errno == errno.ECONNREFUSED
+        except OSError:  # nothing queued (EAGAIN), or another ICMP error: no evidence
+            return False
         return False
 
     def close(self) -> None:

@@ -92,16 +92,16 @@ class RoundLoop:
         r.refused = 0
         again = stats["retransmits"] + stats.get("loss_probes", 0)
         gone = port._liveness.gone(now, now - self.last_progress, stats.get("refused", 0), again)
+        peers = port.peers
+        dead: tuple[int, ...] = ()  # the peer ranks known gone that the switch still waits for
+        if not gone and peers is not None:  # the switch is there: is a peer rank it waits for gone?
+            left = peers.gone(now, now - self.last_progress)
+            if left is not None and self._waits_for(peers.dead):
+                gone, dead = left, peers.dead
         if gone or now - self.last_progress > port.timeout:
             port._seq = r.seq0 + r.total  # keep the sequence aligned if the caller retries the job
             self.finish()
-            raise self._timeout_error(now - self.last_progress, gone)
-        peers = port.peers
-        left = peers.gone(now, now - self.last_progress) if peers is not None else None
-        if left is not None and self._waits_for(peers.dead):
-            port._seq = r.seq0 + r.total
-            self.finish()
-            raise self._timeout_error(now - self.last_progress, left, peers.dead)
+            raise self._timeout_error(now - self.last_progress, gone, dead)
         self.send_probes(port._liveness.take_probes())
         if expired or port._liveness.control is not None:
             self.next_scan = min(self.next_scan, now + port._liveness.interval_s)
